@@ -1,0 +1,41 @@
+# The two set-up commands of README.md. Both create .venv when it is missing and re-install only
+# when pyproject.toml or uv.lock changed (the stamp file below records the last install).
+SHELL := /bin/bash
+UV_VERSION := 0.13.8
+# uv from PATH when the machine has it, else a private copy installed from PyPI into .tools/.
+UV ?= $(or $(shell command -v uv 2>/dev/null),$(CURDIR)/.tools/bin/uv)
+VENV := $(CURDIR)/.venv
+STAMP := $(VENV)/.c2lip-installed
+
+# No network beyond the package registries: never wait on the model hub, never phone home.
+# Each can still be overridden from the environment, e.g. `HF_HUB_OFFLINE=0 make run`.
+export HF_HUB_OFFLINE ?= 1
+export DVC_NO_ANALYTICS ?= 1
+export MLFLOW_DISABLE_TELEMETRY ?= true
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export DO_NOT_TRACK ?= 1
+# uv must use this machine's Python 3.11, never try to download one.
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+export PATH := $(VENV)/bin:$(PATH)
+
+.PHONY: run test install clean-data
+
+run: $(STAMP)
+	dvc repro
+
+test: $(STAMP)
+	python -m pytest
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen --python 3.11
+	touch $@
+
+$(CURDIR)/.tools/bin/uv:
+	python3 -m venv $(CURDIR)/.tools
+	$(CURDIR)/.tools/bin/pip install --quiet uv==$(UV_VERSION)
+
+clean-data:
+	rm -rf data metrics reports mlruns

@@ -1,0 +1,296 @@
+"""The captions stage: any source in; WebDataset shards, a Parquet manifest and stats out.
+
+    python -m components.captions [--params params/captions.yaml]
+
+Outputs under ``output_dir``:
+  <split>/shard-NNNNNN.tar   jpg (the image), txt (the training caption), json (every caption field + metadata)
+  manifest.parquet           key, split, shard, one column per caption field — later text-only stages read
+                             this and never open the tars
+  parts/                     per-shard manifest parts and done-markers (how a killed run resumes)
+plus the stats JSON (DVC metrics) and, optionally, a contact-sheet PNG.
+
+Every file appears atomically (written under a temporary name, then renamed), and a shard counts as
+finished only once its done-marker exists, so a re-run after a kill keeps finished shards and rewrites
+the rest. A change of the params that shape the data (fingerprint) starts the output afresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from components.params import CaptionsParams, ParamsError, load_params
+from components.sources import RawSample, ShardPlan, Skip, SourceError, make_source
+
+FINGERPRINT_FILE = "_fingerprint.json"
+SKIP_EXAMPLES = 3  # per reason, kept in the stats so a user can look at what was skipped
+
+
+# --------------------------------------------------------------------------------------------------
+# atomic files
+# --------------------------------------------------------------------------------------------------
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` so that ``path`` is either absent or complete, never half-written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def atomic_write_parquet(path: Path, table: pa.Table) -> None:
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    atomic_write_bytes(path, buf.getvalue().to_pybytes())
+
+
+# --------------------------------------------------------------------------------------------------
+# shards
+# --------------------------------------------------------------------------------------------------
+
+
+def fingerprint(params: CaptionsParams) -> str:
+    """Hash of the params that decide the shards' content (not workers, not where the stats go)."""
+    shaping = params.model_dump(mode="json", exclude={"workers", "stats_path", "contact_sheet"})
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepare_output(params: CaptionsParams) -> None:
+    """Keep finished shards of the same params; start afresh when the params changed."""
+    out = params.output_dir
+    fp_path = out / FINGERPRINT_FILE
+    current = fingerprint(params)
+    if fp_path.is_file() and json.loads(fp_path.read_text()).get("fingerprint") != current:
+        # Only our own files go: a user's output_dir may hold other things.
+        for sub in ("train", "test", "parts"):
+            shutil.rmtree(out / sub, ignore_errors=True)
+        (out / "manifest.parquet").unlink(missing_ok=True)
+    atomic_write_json(fp_path, {"fingerprint": current})
+
+
+def part_paths(out: Path, plan: ShardPlan) -> tuple[Path, Path, Path]:
+    """(tar, manifest part, done-marker) of a shard."""
+    stem = f"{plan.split}-{plan.index:06d}"
+    return out / f"{plan.name}.tar", out / "parts" / f"{stem}.parquet", out / "parts" / f"{stem}.done.json"
+
+
+def write_shard(params: CaptionsParams, plan: ShardPlan, samples: Iterable[RawSample | Skip]) -> dict[str, Any]:
+    """Write one shard (tar, then manifest part, then done-marker) and return its stats."""
+    import webdataset as wds
+
+    tar_path, part_path, done_path = part_paths(params.output_dir, plan)
+    tar_path.parent.mkdir(parents=True, exist_ok=True)
+    fields = params.caption_fields()
+    columns: dict[str, list[str]] = {"key": [], "split": [], "shard": [], **{f: [] for f in fields}}
+    skipped: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
+    started = time.perf_counter()
+    tmp = tar_path.with_name(tar_path.name + ".tmp")
+    with open(tmp, "wb") as stream:
+        # mtime fixed: the same samples give byte-identical tars, so DVC sees no spurious change
+        writer = wds.TarWriter(stream, mtime=0)
+        for position, sample in enumerate(samples):
+            if isinstance(sample, Skip):
+                skipped[sample.reason] += 1
+                examples.setdefault(sample.reason, [])
+                if len(examples[sample.reason]) < SKIP_EXAMPLES and sample.detail:
+                    examples[sample.reason].append(sample.detail[:300])
+                continue
+            # keys are stable: the position in the shard's input, whether or not earlier rows were skipped
+            key = f"{plan.split}-{plan.index:06d}-{position:06d}"
+            meta = {"key": key, "split": plan.split, "captions": sample.captions, **sample.meta}
+            writer.write({"__key__": key, "jpg": sample.jpg, "txt": sample.captions[params.caption_field], "json": meta})
+            columns["key"].append(key)
+            columns["split"].append(plan.split)
+            columns["shard"].append(f"{plan.name}.tar")
+            for f in fields:
+                columns[f].append(sample.captions.get(f, ""))
+        writer.close()
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(tmp, tar_path)
+    atomic_write_parquet(part_path, pa.table({k: pa.array(v, pa.string()) for k, v in columns.items()}))
+    stats = {
+        "split": plan.split,
+        "written": len(columns["key"]),
+        "skipped": dict(skipped),
+        "skip_examples": examples,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    atomic_write_json(done_path, stats)
+    return stats
+
+
+_WORKER_SOURCE = None
+
+
+def _init_worker(params_json: str) -> None:
+    global _WORKER_SOURCE
+    _WORKER_SOURCE = make_source(CaptionsParams.model_validate_json(params_json))
+
+
+def _build_in_worker(plan: ShardPlan) -> tuple[ShardPlan, dict[str, Any]]:
+    return plan, write_shard(_WORKER_SOURCE.params, plan, _WORKER_SOURCE.samples(plan))
+
+
+# --------------------------------------------------------------------------------------------------
+# the stage
+# --------------------------------------------------------------------------------------------------
+
+
+def run(params: CaptionsParams) -> dict[str, Any]:
+    """Build every missing shard, then the manifest, the stats and the contact sheet. Returns the stats."""
+    started = time.perf_counter()
+    source = make_source(params)
+    prepare_output(params)
+    out = params.output_dir
+    plans = source.plan()
+    todo = [p for p in plans if not part_paths(out, p)[2].is_file()]
+    kept = len(plans) - len(todo)
+    if kept:
+        print(f"captions: {kept} of {len(plans)} shards already finished, building {len(todo)}", file=sys.stderr)
+
+    workers = params.workers or os.cpu_count() or 1
+    bar = tqdm(total=len(todo), desc=f"captions ({params.source})", unit="shard", file=sys.stderr)
+    if source.parallel and workers > 1 and len(todo) > 1:
+        ctx = mp.get_context("fork")  # the stage imports no threads-holding library before forking
+        with ctx.Pool(min(workers, len(todo)), initializer=_init_worker, initargs=(params.model_dump_json(),)) as pool:
+            for _plan, stats in pool.imap_unordered(_build_in_worker, todo):
+                bar.update()
+                bar.set_postfix(written=stats["written"])
+    elif source.parallel:
+        for plan in todo:
+            write_shard(params, plan, source.samples(plan))
+            bar.update()
+    else:
+        for plan, rows in source.shard_rows(todo):
+            write_shard(params, plan, source.fetch_all(rows))
+            bar.update()
+    bar.close()
+
+    stats = finish(params, plans, source.summary() if hasattr(source, "summary") else {})
+    stats["run_seconds"] = round(time.perf_counter() - started, 3)
+    atomic_write_json(params.stats_path, stats)
+    if params.contact_sheet is not None and stats["samples_written"] > 0:
+        contact_sheet(params, params.contact_sheet)
+    return stats
+
+
+def finish(params: CaptionsParams, plans: list[ShardPlan], extra: dict[str, Any]) -> dict[str, Any]:
+    """Join the manifest parts in shard order and add up the per-shard stats."""
+    out = params.output_dir
+    tables, written, skipped, examples, build_seconds = [], Counter(), Counter(), {}, 0.0
+    for plan in plans:
+        _, part, done = part_paths(out, plan)
+        shard_stats = json.loads(done.read_text())
+        tables.append(pq.read_table(part))
+        written[plan.split] += shard_stats["written"]
+        skipped.update(shard_stats["skipped"])
+        for reason, ex in shard_stats["skip_examples"].items():
+            examples.setdefault(reason, []).extend(ex[: SKIP_EXAMPLES - len(examples.get(reason, []))])
+        build_seconds += shard_stats["seconds"]
+    if tables:
+        manifest = pa.concat_tables(tables)
+    else:
+        fields = ["key", "split", "shard", *params.caption_fields()]
+        manifest = pa.table({f: pa.array([], pa.string()) for f in fields})
+    atomic_write_parquet(out / "manifest.parquet", manifest)
+    total = sum(written.values())
+    return {
+        "source": params.source,
+        "caption_field": params.caption_field,
+        "shards": len(plans),
+        "samples_written": total,
+        "samples_by_split": dict(written),
+        "skipped": dict(sorted(skipped.items())),
+        "skipped_total": sum(skipped.values()),
+        "skip_examples": examples,
+        "build_seconds": round(build_seconds, 3),
+        "samples_per_second": round(total / build_seconds, 1) if build_seconds else None,
+        **extra,
+    }
+
+
+def contact_sheet(params: CaptionsParams, path: Path, count: int = 12, columns: int = 4) -> None:
+    """A grid of the first training samples, each with its short and long caption (read from the tars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import webdataset as wds
+    from PIL import Image
+
+    manifest = pq.read_table(params.output_dir / "manifest.parquet", columns=["split", "shard"]).to_pylist()
+    train = [row["shard"] for row in manifest if row["split"] == "train"] or [row["shard"] for row in manifest]
+    shards = list(dict.fromkeys(train))[:2]  # keeps shard order
+    samples = []
+    for sample in wds.WebDataset([str(params.output_dir / s) for s in shards], shardshuffle=False, empty_check=False):
+        samples.append(sample)
+        if len(samples) == count:
+            break
+    rows = (len(samples) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(4.0 * columns, 5.2 * rows + 1.2), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, sample in zip(axes.flat, samples):
+        meta = json.loads(sample["json"])
+        ax.imshow(Image.open(io.BytesIO(sample["jpg"])), interpolation="nearest")
+        caps = meta["captions"]
+        lines = [f"[{name}] {text}" for name, text in caps.items() if name != params.caption_field]
+        lines.insert(0, f"[{params.caption_field}] {caps[params.caption_field]}")
+        text = "\n".join(textwrap.fill(line, 46) for line in lines)
+        ax.set_title(meta["key"], fontsize=9)
+        ax.text(0.0, -0.03, text, transform=ax.transAxes, fontsize=7.5, va="top", family="monospace")
+    fig.suptitle(f"{params.source}: training samples with their caption fields", fontsize=13)
+    fig.subplots_adjust(left=0.02, right=0.98, top=0.95, bottom=0.1, wspace=0.15, hspace=0.9)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=72)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", default=None, help="params YAML (default: params/captions.yaml)")
+    args = parser.parse_args(argv)
+    try:
+        params = load_params("captions", args.params)
+    except ParamsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        stats = run(params)
+    except SourceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    summary = {k: stats[k] for k in ("samples_written", "samples_by_split", "skipped", "run_seconds")}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+"""Sample sources of the captions stage: each yields shards of raw samples or skip reasons.
+
+A source plans its shards up front (a shard is a fixed range of its input: sample indices, input
+tar files or table rows), so a resumed run rebuilds exactly the shards that are missing, and a shard's
+content never depends on how many workers ran or on which shards were already done.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import requests
+from PIL import Image
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from components import shapesworld
+from components.params import CaptionsParams, DownloadParams, TableSourceParams, WebDatasetSourceParams
+
+# Decompression bombs are a skip reason, not a crash: turn PIL's warning into an error we can count.
+warnings.simplefilter("error", Image.DecompressionBombWarning)
+
+
+class SourceError(ValueError):
+    """A source that cannot be read at all (as opposed to a bad row, which is skipped and counted)."""
+
+
+@dataclass
+class RawSample:
+    """A validated sample: JPEG bytes, caption fields and source metadata."""
+
+    jpg: bytes
+    captions: dict[str, str]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Skip:
+    """A source row that could not be used, with the reason it is counted under."""
+
+    reason: str
+    detail: str = ""
+
+
+@dataclass
+class ShardPlan:
+    """One output shard: ``split``/``index`` name it; ``spec`` says which input it covers."""
+
+    split: str
+    index: int
+    spec: Any
+
+    @property
+    def name(self) -> str:
+        return f"{self.split}/shard-{self.index:06d}"
+
+
+def to_jpeg(data: bytes, quality: int = 95) -> bytes:
+    """Decode ``data`` fully (raises on a corrupt or truncated image) and return RGB JPEG bytes.
+
+    Bytes that already are a baseline RGB JPEG are kept as they are, so nothing is re-compressed.
+    """
+    with Image.open(io.BytesIO(data)) as img:
+        img.load()
+        if img.format == "JPEG" and img.mode == "RGB":
+            return data
+        buf = io.BytesIO()
+        img.convert("RGB").save(buf, format="JPEG", quality=quality)
+        return buf.getvalue()
+
+
+def validate_image(data: bytes | None) -> bytes | Skip:
+    if not data:
+        return Skip("empty_image")
+    try:
+        return to_jpeg(data)
+    except Exception as err:  # PIL raises many types for bad bytes; every one is a skip
+        return Skip("undecodable_image", f"{type(err).__name__}: {err}")
+
+
+def clean_captions(raw: dict[str, Any], caption_field: str) -> dict[str, str] | Skip:
+    """Caption fields as stripped strings; the training field must be a non-empty string."""
+    out: dict[str, str] = {}
+    for name, value in raw.items():
+        if value is None:
+            value = ""
+        if not isinstance(value, str):
+            return Skip("caption_not_string", f"{name} is {type(value).__name__}")
+        out[name] = value.strip()
+    if not out.get(caption_field):
+        return Skip("missing_caption", f"{caption_field} is empty")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# shapesworld
+# --------------------------------------------------------------------------------------------------
+
+
+class ShapesWorldSource:
+    """Deterministic synthetic samples; shard i of a split holds indices [i*shard_size, (i+1)*shard_size)."""
+
+    parallel = True  # shards are built in worker processes
+
+    def __init__(self, params: CaptionsParams):
+        self.params = params
+        self.world = params.shapesworld
+        self.held_out = shapesworld.held_out_pairs(self.world, params.seed)
+
+    def plan(self) -> list[ShardPlan]:
+        plans = []
+        for split, total in (("train", self.world.train_images), ("test", self.world.test_images)):
+            size = self.params.shard_size
+            for index, start in enumerate(range(0, total, size)):
+                plans.append(ShardPlan(split, index, (start, min(start + size, total))))
+        return plans
+
+    def samples(self, plan: ShardPlan) -> Iterator[RawSample | Skip]:
+        start, stop = plan.spec
+        for i in range(start, stop):
+            jpg, captions, meta = shapesworld.make_sample(self.world, self.params.seed, plan.split, i, self.held_out)
+            yield RawSample(jpg, captions, {"source": "shapesworld", "index": i, **meta})
+
+    def summary(self) -> dict[str, Any]:
+        return {"held_out_pairs": [list(p) for p in self.held_out]}
+
+
+# --------------------------------------------------------------------------------------------------
+# webdataset
+# --------------------------------------------------------------------------------------------------
+
+
+class WebDatasetSource:
+    """Existing local tar shards: output shard i is input shard i, re-keyed and validated."""
+
+    parallel = True
+
+    def __init__(self, params: CaptionsParams):
+        self.params = params
+        self.cfg: WebDatasetSourceParams = params.webdataset
+        self.paths: list[str] = []
+        for pattern in self.cfg.shards:
+            matched = sorted(glob.glob(pattern))
+            if not matched:
+                raise SourceError(f"webdataset.shards: {pattern!r} matches no file")
+            self.paths.extend(matched)
+
+    def plan(self) -> list[ShardPlan]:
+        return [ShardPlan("train", i, path) for i, path in enumerate(self.paths)]
+
+    def samples(self, plan: ShardPlan) -> Iterator[RawSample | Skip]:
+        import webdataset as wds
+
+        try:
+            for sample in wds.WebDataset(plan.spec, shardshuffle=False, empty_check=False):
+                yield self._convert(sample, plan.spec)
+        except Exception as err:  # a truncated or corrupt tar ends this shard; what was read is kept
+            yield Skip("unreadable_tar", f"{plan.spec}: {type(err).__name__}: {err}")
+
+    def _convert(self, sample: dict[str, Any], path: str) -> RawSample | Skip:
+        key = sample.get("__key__", "?")
+        image = next((sample[k] for k in self.cfg.image_keys if k in sample), None)
+        if image is None:
+            return Skip("missing_image", f"{path}:{key}")
+        jpg = validate_image(image)
+        if isinstance(jpg, Skip):
+            return Skip(jpg.reason, f"{path}:{key}: {jpg.detail}")
+        meta_json: dict[str, Any] = {}
+        if "json" in sample:
+            try:
+                meta_json = json.loads(sample["json"])
+            except ValueError:
+                return Skip("bad_json", f"{path}:{key}")
+        raw: dict[str, Any] = {}
+        for name in self.cfg.caption_fields:
+            if name in sample:
+                try:
+                    raw[name] = sample[name].decode("utf-8")
+                except UnicodeDecodeError:
+                    return Skip("caption_not_utf8", f"{path}:{key}:{name}")
+            else:
+                raw[name] = meta_json.get(name) if isinstance(meta_json, dict) else None
+        captions = clean_captions(raw, self.params.caption_field)
+        if isinstance(captions, Skip):
+            return Skip(captions.reason, f"{path}:{key}: {captions.detail}")
+        return RawSample(jpg, captions, {"source": "webdataset", "source_shard": path, "source_key": key})
+
+
+# --------------------------------------------------------------------------------------------------
+# table (CSV / Parquet, local paths or URLs)
+# --------------------------------------------------------------------------------------------------
+
+
+def make_session(cfg: DownloadParams) -> requests.Session:
+    """A requests session that retries connection errors and 429/5xx answers with exponential back-off."""
+    retry = Retry(
+        total=cfg.retries,
+        connect=cfg.retries,
+        read=cfg.retries,
+        status=cfg.retries,
+        backoff_factor=cfg.backoff_s,
+        status_forcelist=(429, 500, 502, 503, 504),
+        allowed_methods=frozenset({"GET"}),
+        raise_on_status=False,  # the last answer comes back and is counted as http_<status>
+        respect_retry_after_header=True,
+    )
+    session = requests.Session()
+    adapter = HTTPAdapter(max_retries=retry, pool_connections=cfg.concurrency, pool_maxsize=cfg.concurrency)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.headers["User-Agent"] = cfg.user_agent
+    return session
+
+
+def download(session: requests.Session, url: str, cfg: DownloadParams) -> bytes | Skip:
+    """GET ``url`` within the size cap; every failure becomes a :class:`Skip` with its reason."""
+    try:
+        with session.get(url, stream=True, timeout=cfg.timeout_s) as resp:
+            if resp.status_code != 200:
+                return Skip(f"http_{resp.status_code}", url)
+            length = resp.headers.get("Content-Length")
+            if length is not None and length.isdigit() and int(length) > cfg.max_bytes:
+                return Skip("too_large", f"{url}: Content-Length {length}")
+            chunks, received = [], 0
+            for chunk in resp.iter_content(chunk_size=65536):
+                received += len(chunk)
+                if received > cfg.max_bytes:
+                    return Skip("too_large", f"{url}: over {cfg.max_bytes} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except requests.Timeout:
+        return Skip("timeout", url)
+    except requests.exceptions.ConnectionError as err:
+        # urllib3 wraps read timeouts met while retrying in a ConnectionError
+        reason = "timeout" if "timed out" in str(err).lower() else "connection_error"
+        return Skip(reason, url)
+    except requests.RequestException as err:
+        return Skip("request_error", f"{url}: {type(err).__name__}")
+
+
+class TableSource:
+    """Rows of a CSV/Parquet table, read ``chunk_rows`` at a time; shard i holds rows
+    [i*shard_size, (i+1)*shard_size). Images are local paths or URLs fetched in parallel threads."""
+
+    parallel = False  # one shard at a time; parallelism is the download threads
+
+    def __init__(self, params: CaptionsParams):
+        self.params = params
+        self.cfg: TableSourceParams = params.table
+        self.columns = [self.cfg.image_column, *self.cfg.caption_columns.values()]
+        self.root = self.cfg.image_root or self.cfg.path.parent
+        self._check_columns()
+
+    def _check_columns(self) -> None:
+        names = self._schema_names()
+        missing = [c for c in self.columns if c not in names]
+        if missing:
+            raise SourceError(f"{self.cfg.path}: column(s) {missing} not found; the table has {names}")
+
+    def _schema_names(self) -> list[str]:
+        if self.cfg.path.suffix.lower() == ".parquet":
+            return pq.ParquetFile(self.cfg.path).schema_arrow.names
+        with self._open_csv() as reader:
+            return reader.schema.names
+
+    def _open_csv(self) -> pacsv.CSVStreamingReader:
+        delimiter = self.cfg.delimiter or ("\t" if self.cfg.path.suffix.lower() == ".tsv" else ",")
+        return pacsv.open_csv(
+            self.cfg.path,
+            read_options=pacsv.ReadOptions(block_size=1 << 22),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
+            # every column we read is text: a caption of digits must not become an int
+            convert_options=pacsv.ConvertOptions(
+                column_types={c: pa.string() for c in self.columns}, include_columns=self.columns
+            ),
+        )
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        if self.cfg.path.suffix.lower() == ".parquet":
+            yield from pq.ParquetFile(self.cfg.path).iter_batches(batch_size=self.cfg.chunk_rows, columns=self.columns)
+        else:
+            with self._open_csv() as reader:
+                yield from reader
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """Every row as a dict of the columns we read, streamed chunk by chunk."""
+        for batch in self._batches():
+            for start in range(0, batch.num_rows, self.cfg.chunk_rows):
+                yield from batch.slice(start, self.cfg.chunk_rows).to_pylist()
+
+    def plan(self) -> list[ShardPlan]:
+        # Counting rows streams the table once (cheap next to downloading); Parquet knows its count.
+        if self.cfg.path.suffix.lower() == ".parquet":
+            total = pq.ParquetFile(self.cfg.path).metadata.num_rows
+        else:
+            total = sum(b.num_rows for b in self._batches())
+        size = self.params.shard_size
+        return [ShardPlan("train", i, (start, min(start + size, total))) for i, start in enumerate(range(0, total, size))]
+
+    def shard_rows(self, plans: list[ShardPlan]) -> Iterator[tuple[ShardPlan, list[dict[str, Any]]]]:
+        """Rows of each wanted shard in order, reading the table once (plans sorted by start row)."""
+        wanted = iter(sorted(plans, key=lambda p: p.spec[0]))
+        current = next(wanted, None)
+        rows: list[dict[str, Any]] = []
+        for i, row in enumerate(self.rows()):
+            if current is None:
+                return
+            start, stop = current.spec
+            if i < start:
+                continue
+            rows.append(row)
+            if i + 1 == stop:
+                yield current, rows
+                rows, current = [], next(wanted, None)
+
+    def fetch_all(self, rows: list[dict[str, Any]]) -> list[RawSample | Skip]:
+        """Images of ``rows`` fetched with bounded concurrency, in row order."""
+        session = make_session(self.cfg.download)
+        try:
+            with ThreadPoolExecutor(max_workers=self.cfg.download.concurrency) as pool:
+                return list(pool.map(lambda row: self._convert(session, row), rows))
+        finally:
+            session.close()
+
+    def _convert(self, session: requests.Session, row: dict[str, Any]) -> RawSample | Skip:
+        location = row.get(self.cfg.image_column)
+        raw = {name: row.get(col) for name, col in self.cfg.caption_columns.items()}
+        captions = clean_captions(raw, self.params.caption_field)
+        if isinstance(captions, Skip):
+            return Skip(captions.reason, f"{location}: {captions.detail}")
+        if not location or not str(location).strip():
+            return Skip("missing_image_path")
+        location = str(location).strip()
+        if location.startswith(("http://", "https://")):
+            data = download(session, location, self.cfg.download)
+        else:
+            data = self._read_local(location)
+        if isinstance(data, Skip):
+            return data
+        jpg = validate_image(data)
+        if isinstance(jpg, Skip):
+            return Skip(jpg.reason, f"{location}: {jpg.detail}")
+        return RawSample(jpg, captions, {"source": "table", "image": location})
+
+    def _read_local(self, location: str) -> bytes | Skip:
+        path = Path(location)
+        if not path.is_absolute():
+            path = self.root / path
+        if not path.is_file():
+            return Skip("missing_file", str(path))
+        if path.stat().st_size > self.cfg.download.max_bytes:
+            return Skip("too_large", str(path))
+        return path.read_bytes()
+
+
+def make_source(params: CaptionsParams) -> ShapesWorldSource | WebDatasetSource | TableSource:
+    return {"shapesworld": ShapesWorldSource, "webdataset": WebDatasetSource, "table": TableSource}[params.source](params)
