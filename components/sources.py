@@ -271,19 +271,20 @@ class TableSource:
     def _schema_names(self) -> list[str]:
         if self.cfg.path.suffix.lower() == ".parquet":
             return pq.ParquetFile(self.cfg.path).schema_arrow.names
-        with self._open_csv() as reader:
+        with self._open_csv(select=False) as reader:
             return reader.schema.names
 
-    def _open_csv(self) -> pacsv.CSVStreamingReader:
+    def _open_csv(self, select: bool = True) -> pacsv.CSVStreamingReader:
         delimiter = self.cfg.delimiter or ("\t" if self.cfg.path.suffix.lower() == ".tsv" else ",")
+        # every column we read is text: a caption of digits must not become an int
+        convert = pacsv.ConvertOptions(column_types={c: pa.string() for c in self.columns})
+        if select:
+            convert.include_columns = self.columns
         return pacsv.open_csv(
             self.cfg.path,
             read_options=pacsv.ReadOptions(block_size=1 << 22),
             parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
-            # every column we read is text: a caption of digits must not become an int
-            convert_options=pacsv.ConvertOptions(
-                column_types={c: pa.string() for c in self.columns}, include_columns=self.columns
-            ),
+            convert_options=convert,
         )
 
     def _batches(self) -> Iterator[pa.RecordBatch]:

@@ -1,0 +1,77 @@
+"""The two README commands' machinery: the Makefile's install stamp, and `dvc repro` of dvc.yaml."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+
+def _make_dry_run(workdir: Path) -> str:
+    env = {**os.environ, "UV": "/bin/true"}
+    out = subprocess.run(["make", "-n", "install"], cwd=workdir, env=env, capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def test_make_installs_only_when_the_lock_or_project_changed(tmp_path):
+    for name in ("Makefile", "pyproject.toml", "uv.lock"):
+        shutil.copy(REPO / name, tmp_path / name)
+    assert "sync --frozen" in _make_dry_run(tmp_path)  # no .venv yet: install
+    stamp = tmp_path / ".venv" / ".c2lip-installed"
+    stamp.parent.mkdir()
+    stamp.touch()
+    assert "sync" not in _make_dry_run(tmp_path)  # installed and nothing changed: skip
+    later = time.time() + 5
+    os.utime(tmp_path / "uv.lock", (later, later))
+    assert "sync --frozen" in _make_dry_run(tmp_path)  # the lock changed: install again
+
+
+def test_ci_runs_the_readme_test_command():
+    readme_head = "\n".join((REPO / "README.md").read_text().splitlines()[:40])
+    assert "make run" in readme_head and "make test" in readme_head
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+@pytest.mark.slow
+def test_dvc_repro_runs_the_captions_stage_and_then_is_up_to_date(tmp_path):
+    work = tmp_path / "repo"
+    work.mkdir()
+    for name in ("components", "params", ".dvc", "dvc.yaml", ".dvcignore", ".gitignore"):
+        src = REPO / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
+    shutil.rmtree(work / ".dvc" / "tmp", ignore_errors=True)
+    shutil.rmtree(work / ".dvc" / "cache", ignore_errors=True)
+    params = yaml.safe_load((work / "params" / "captions.yaml").read_text())
+    params["shapesworld"].update(train_images=40, test_images=10)
+    params["shard_size"] = 20
+    (work / "params" / "captions.yaml").write_text(yaml.safe_dump(params))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=work, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=work, check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], cwd=work, check=True)
+
+    def dvc(*args):
+        return subprocess.run(["dvc", *args], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+
+    first = dvc("repro")
+    assert first.returncode == 0, first.stderr + first.stdout
+    metrics = yaml.safe_load((work / "metrics" / "captions.json").read_text())
+    assert metrics["samples_by_split"] == {"train": 40, "test": 10}
+    assert (work / "data" / "captions" / "manifest.parquet").is_file()
+    assert (work / "docs" / "shapesworld_contact_sheet.png").is_file()
+
+    second = dvc("repro")
+    assert second.returncode == 0
+    assert "didn't change, skipping" in second.stdout
+
+    params["seed"] = 3
+    (work / "params" / "captions.yaml").write_text(yaml.safe_dump(params))
+    status = dvc("status")
+    assert "params/captions.yaml" in status.stdout and "seed" in status.stdout

@@ -1,0 +1,273 @@
+"""The webdataset and table sources: real files the tests make, and a real HTTP server on 127.0.0.1
+serving good, corrupt, oversized, slow, flaky and missing images."""
+
+import io
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import webdataset as wds
+from PIL import Image
+
+from components.captions import run
+from components.params import CaptionsParams
+from components.sources import SourceError, make_source
+
+
+def _image(fmt="JPEG", size=(32, 32), color=(200, 30, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _noise_jpeg(side=256) -> bytes:
+    import numpy as np
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (side, side, 3), dtype="uint8")).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def _params(tmp_path, **kw) -> CaptionsParams:
+    base = {
+        "output_dir": str(tmp_path / "out"),
+        "stats_path": str(tmp_path / "stats.json"),
+        "contact_sheet": None,
+        "workers": 1,
+    }
+    return CaptionsParams.model_validate({**base, **kw})
+
+
+def _manifest(params):
+    return pq.read_table(params.output_dir / "manifest.parquet").to_pylist()
+
+
+# --------------------------------------------------------------------------------------------------
+# webdataset
+# --------------------------------------------------------------------------------------------------
+
+
+def _write_tar(path, samples):
+    with wds.TarWriter(str(path)) as writer:
+        for s in samples:
+            writer.write(s)
+
+
+def test_webdataset_source_rekeys_validates_and_counts_skips(tmp_path):
+    _write_tar(tmp_path / "a-000.tar", [
+        {"__key__": "x1", "jpg": _image(), "txt": "a red square"},
+        {"__key__": "x2", "png": _image("PNG"), "txt": "a png image", "json": {"long": "long text"}},
+        {"__key__": "x3", "jpg": b"not an image", "txt": "corrupt"},
+    ])
+    _write_tar(tmp_path / "a-001.tar", [
+        {"__key__": "x1", "jpg": _image(), "txt": "same key, other shard"},
+        {"__key__": "x4", "jpg": _image(), "txt": "   "},
+        {"__key__": "x5", "txt": "no image"},
+    ])
+    params = _params(tmp_path, source="webdataset", caption_field="txt",
+                     webdataset={"shards": [str(tmp_path / "a-*.tar")], "caption_fields": ["txt", "long"]})
+    stats = run(params)
+    assert stats["samples_written"] == 3
+    assert stats["skipped"] == {"missing_caption": 1, "missing_image": 1, "undecodable_image": 1}
+    rows = _manifest(params)
+    assert [r["key"] for r in rows] == ["train-000000-000000", "train-000000-000001", "train-000001-000000"]
+    assert rows[1]["long"] == "long text" and rows[0]["long"] == ""
+    samples = list(wds.WebDataset(str(params.output_dir / "train" / "shard-000000.tar"), shardshuffle=False))
+    # the png was re-encoded: every output image is a JPEG
+    assert all(s["jpg"][:2] == b"\xff\xd8" for s in samples)
+    meta = json.loads(samples[1]["json"])
+    assert meta["source_key"] == "x2" and meta["source_shard"].endswith("a-000.tar")
+    assert "a-000.tar:x3" in stats["skip_examples"]["undecodable_image"][0]
+
+
+def test_webdataset_source_without_matching_shards_is_a_clear_error(tmp_path):
+    params = _params(tmp_path, source="webdataset", caption_field="txt", webdataset={"shards": [str(tmp_path / "none-*.tar")]})
+    with pytest.raises(SourceError, match="none-\\*.tar.*matches no file"):
+        make_source(params)
+
+
+def test_truncated_tar_keeps_what_was_read(tmp_path):
+    good = tmp_path / "good.tar"
+    _write_tar(good, [{"__key__": f"k{i}", "jpg": _noise_jpeg(64), "txt": f"caption {i}"} for i in range(6)])
+    data = good.read_bytes()
+    (tmp_path / "cut.tar").write_bytes(data[: len(data) // 2])  # cut inside a member
+    params = _params(tmp_path, source="webdataset", caption_field="txt", webdataset={"shards": [str(tmp_path / "cut.tar")]})
+    stats = run(params)
+    assert 1 <= stats["samples_written"] < 6
+    assert stats["skipped"]["unreadable_tar"] == 1
+    assert "cut.tar" in stats["skip_examples"]["unreadable_tar"][0]
+
+
+# --------------------------------------------------------------------------------------------------
+# table: local files and URLs from a real server on 127.0.0.1
+# --------------------------------------------------------------------------------------------------
+
+GOOD = _image()
+BIG = _noise_jpeg(256)  # well over the 4 KiB cap used below
+SMALL_NOISE = _noise_jpeg(40)  # under the cap: its truncation must fail decoding, not the size check
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hits: dict = {}
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def _send(self, status, body=b"", length=True):
+        self.send_response(status)
+        self.send_header("Content-Type", "image/jpeg")
+        if length:
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        path = self.path.split("?")[0]  # a query string makes distinct URLs of one image
+        self.hits[path] = self.hits.get(path, 0) + 1
+        if path == "/good.jpg":
+            self._send(200, GOOD)
+        elif path == "/good.png":
+            self._send(200, _image("PNG"))
+        elif path == "/corrupt.jpg":
+            self._send(200, b"\xff\xd8\xff\xe0 definitely not a jpeg")
+        elif path == "/truncated.jpg":
+            self._send(200, SMALL_NOISE[: len(SMALL_NOISE) // 2])
+        elif path == "/big.jpg":
+            self._send(200, BIG)
+        elif path == "/big-unannounced.jpg":
+            self.close_connection = True
+            self._send(200, BIG, length=False)
+        elif path == "/slow.jpg":
+            time.sleep(1.5)
+            self._send(200, GOOD)
+        elif path == "/flaky.jpg":
+            self._send(503) if self.hits[path] == 1 else self._send(200, GOOD)
+        elif path == "/down.jpg":
+            self._send(503)
+        else:
+            self._send(404, b"not found")
+
+
+@pytest.fixture
+def server():
+    _Handler.hits = {}
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", _Handler.hits
+    httpd.shutdown()
+    httpd.server_close()
+
+
+DREAMLIP_HEADER = ["Image Path", "raw_caption", "shortIB_captions", "longIB_captions", "shortLLA_captions", "longLLA_captions"]
+
+
+def _rows(base):
+    # (image, raw, short, long) -> expected outcome
+    return [
+        (f"{base}/good.jpg", "raw 1", "short 1", "long 1"),                # ok
+        (f"{base}/good.png", "raw 2", "short 2", "long 2"),                # ok, re-encoded
+        (f"{base}/corrupt.jpg", "r", "s", "l"),                            # undecodable_image
+        (f"{base}/truncated.jpg", "r", "s", "l"),                          # undecodable_image
+        (f"{base}/big.jpg", "r", "s", "l"),                                # too_large (Content-Length)
+        (f"{base}/big-unannounced.jpg", "r", "s", "l"),                    # too_large (streamed)
+        (f"{base}/slow.jpg", "r", "s", "l"),                               # timeout
+        (f"{base}/missing.jpg", "r", "s", "l"),                            # http_404
+        (f"{base}/flaky.jpg", "raw 9", "short 9", "long 9"),               # ok after one retry
+        (f"{base}/down.jpg", "r", "s", "l"),                               # http_503 after retries
+        ("local.jpg", "raw 11", "short, with comma", "long 11\nsecond line"),  # ok, relative local path
+        ("absent.jpg", "r", "s", "l"),                                     # missing_file
+        ("", "r", "s", "l"),                                               # missing_image_path
+        (f"{base}/good.jpg", "r", "s", ""),                                # missing_caption
+    ]
+
+
+EXPECTED_SKIPS = {
+    "undecodable_image": 2, "too_large": 2, "timeout": 1, "http_404": 1, "http_503": 1,
+    "missing_file": 1, "missing_image_path": 1, "missing_caption": 1,
+}
+
+
+def _table_params(tmp_path, path):
+    return _params(
+        tmp_path, source="table", caption_field="long", shard_size=4,
+        table={
+            "path": str(path), "chunk_rows": 3,
+            "download": {"concurrency": 4, "timeout_s": 0.5, "retries": 2, "backoff_s": 0.01, "max_bytes": 4096},
+        },
+    )
+
+
+def test_table_csv_with_dreamlip_columns_over_http(tmp_path, server):
+    base, hits = server
+    (tmp_path / "local.jpg").write_bytes(GOOD)
+    import csv
+
+    with open(tmp_path / "cc3m.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(DREAMLIP_HEADER)
+        for image, raw, short, long in _rows(base):
+            writer.writerow([image, raw, "ib", "ib long", short, long])
+    params = _table_params(tmp_path, tmp_path / "cc3m.csv")
+    stats = run(params)
+    assert stats["skipped"] == EXPECTED_SKIPS
+    assert stats["samples_written"] == 4 and stats["shards"] == 4
+    rows = _manifest(params)
+    assert [r["long"] for r in rows] == ["long 1", "long 2", "long 9", "long 11\nsecond line"]
+    assert rows[3]["short"] == "short, with comma"
+    # keys keep the row's position, so skipped rows leave gaps rather than shifting later keys
+    assert [r["key"] for r in rows] == ["train-000000-000000", "train-000000-000001", "train-000002-000000", "train-000002-000002"]
+    assert hits["/flaky.jpg"] == 2 and hits["/down.jpg"] == 3  # one retry, then two retries exhausted
+    assert any("/slow.jpg" in e for e in stats["skip_examples"]["timeout"])
+
+
+def test_table_parquet_and_a_non_string_caption(tmp_path, server):
+    base, _ = server
+    (tmp_path / "local.jpg").write_bytes(GOOD)
+    table = pa.table({
+        "Image Path": [f"{base}/good.jpg", f"{base}/good.jpg", "local.jpg"],
+        "raw_caption": ["a", "b", "c"],
+        "shortLLA_captions": ["s", "s", "s"],
+        "longLLA_captions": pa.array(["one", None, "three"]),
+    })
+    pq.write_table(table, tmp_path / "t.parquet")
+    ints = table.set_column(1, "raw_caption", pa.array([1, 2, 3]))
+    pq.write_table(ints, tmp_path / "ints.parquet")
+
+    params = _table_params(tmp_path, tmp_path / "t.parquet")
+    stats = run(params)
+    assert stats["samples_written"] == 2 and stats["skipped"] == {"missing_caption": 1}
+
+    params = _table_params(tmp_path / "b", tmp_path / "ints.parquet")
+    stats = run(params)
+    assert stats["samples_written"] == 0 and stats["skipped"] == {"caption_not_string": 3}
+
+
+def test_table_missing_column_is_a_clear_error(tmp_path):
+    (tmp_path / "t.csv").write_text("url,caption\nhttp://127.0.0.1:9/x.jpg,hello\n")
+    params = _table_params(tmp_path, tmp_path / "t.csv")
+    with pytest.raises(SourceError, match=r"t.csv: column\(s\) \['Image Path'"):
+        make_source(params)
+
+
+def test_table_resume_skips_finished_shards_without_downloading(tmp_path, server):
+    base, hits = server
+    import csv
+
+    with open(tmp_path / "t.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(DREAMLIP_HEADER)
+        for i in range(10):
+            writer.writerow([f"{base}/good.jpg?{i}", "r", "ib", "ib", "s", f"long {i}"])
+    params = _table_params(tmp_path, tmp_path / "t.csv")
+    run(params)
+    assert sum(hits.values()) == 10
+    (params.output_dir / "parts" / "train-000001.done.json").unlink()
+    stats = run(params)
+    assert sum(hits.values()) == 14  # only the 4 rows of the unfinished shard were fetched again
+    assert [r["long"] for r in _manifest(params)] == [f"long {i}" for i in range(10)]
+    assert stats["samples_written"] == 10
