@@ -4,8 +4,8 @@
 
 Outputs under ``output_dir``:
   <split>/shard-NNNNNN.tar   jpg (the image), txt (the training caption), json (every caption field + metadata)
-  manifest.parquet           key, split, shard, one column per caption field — later text-only stages read
-                             this and never open the tars
+  manifest.parquet           key, split, shard, one column per caption field, object_phrases (the true
+                             ones, ShapesWorld only) — later text-only stages read this, never the tars
   parts/                     per-shard manifest parts and done-markers (how a killed run resumes)
 plus the stats JSON (DVC metrics) and, optionally, a contact-sheet PNG.
 
@@ -35,37 +35,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from components.atomic import atomic_write_bytes, atomic_write_json, atomic_write_parquet
 from components.params import CaptionsParams, ParamsError, load_params
 from components.sources import RawSample, ShardPlan, Skip, SourceError, make_source
 
 FINGERPRINT_FILE = "_fingerprint.json"
 SKIP_EXAMPLES = 3  # per reason, kept in the stats so a user can look at what was skipped
-
-
-# --------------------------------------------------------------------------------------------------
-# atomic files
-# --------------------------------------------------------------------------------------------------
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` so that ``path`` is either absent or complete, never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-
-
-def atomic_write_parquet(path: Path, table: pa.Table) -> None:
-    buf = pa.BufferOutputStream()
-    pq.write_table(table, buf)
-    atomic_write_bytes(path, buf.getvalue().to_pybytes())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -105,7 +80,7 @@ def write_shard(params: CaptionsParams, plan: ShardPlan, samples: Iterable[RawSa
     tar_path, part_path, done_path = part_paths(params.output_dir, plan)
     tar_path.parent.mkdir(parents=True, exist_ok=True)
     fields = params.caption_fields()
-    columns: dict[str, list[str]] = {"key": [], "split": [], "shard": [], **{f: [] for f in fields}}
+    columns: dict[str, list] = {"key": [], "split": [], "shard": [], **{f: [] for f in fields}, "object_phrases": []}
     skipped: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
     started = time.perf_counter()
@@ -129,11 +104,13 @@ def write_shard(params: CaptionsParams, plan: ShardPlan, samples: Iterable[RawSa
             columns["shard"].append(f"{plan.name}.tar")
             for f in fields:
                 columns[f].append(sample.captions.get(f, ""))
+            # the true object phrases where the source knows them (ShapesWorld): concept-quality figures
+            columns["object_phrases"].append(sample.meta.get("object_phrases"))
         writer.close()
         stream.flush()
         os.fsync(stream.fileno())
     os.replace(tmp, tar_path)
-    atomic_write_parquet(part_path, pa.table({k: pa.array(v, pa.string()) for k, v in columns.items()}))
+    atomic_write_parquet(part_path, manifest_table(columns))
     stats = {
         "split": plan.split,
         "written": len(columns["key"]),
@@ -143,6 +120,13 @@ def write_shard(params: CaptionsParams, plan: ShardPlan, samples: Iterable[RawSa
     }
     atomic_write_json(done_path, stats)
     return stats
+
+
+def manifest_table(columns: dict[str, list]) -> pa.Table:
+    """The manifest's schema: strings, plus ``object_phrases`` as a list of strings (null if unknown)."""
+    return pa.table({
+        k: pa.array(v, pa.list_(pa.string()) if k == "object_phrases" else pa.string()) for k, v in columns.items()
+    })
 
 
 _WORKER_SOURCE = None
@@ -216,8 +200,7 @@ def finish(params: CaptionsParams, plans: list[ShardPlan], extra: dict[str, Any]
     if tables:
         manifest = pa.concat_tables(tables)
     else:
-        fields = ["key", "split", "shard", *params.caption_fields()]
-        manifest = pa.table({f: pa.array([], pa.string()) for f in fields})
+        manifest = manifest_table({f: [] for f in ["key", "split", "shard", *params.caption_fields(), "object_phrases"]})
     atomic_write_parquet(out / "manifest.parquet", manifest)
     total = sum(written.values())
     return {

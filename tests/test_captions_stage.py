@@ -33,7 +33,7 @@ def test_shards_manifest_and_stats_agree(tmp_path):
     assert json.loads(params.stats_path.read_text())["samples_written"] == 80
 
     manifest = pq.read_table(params.output_dir / "manifest.parquet").to_pylist()
-    assert [list(r) for r in manifest[:1]] == [["key", "split", "shard", "long", "short", "raw"]]
+    assert [list(r) for r in manifest[:1]] == [["key", "split", "shard", "long", "short", "raw", "object_phrases"]]
     assert len({r["key"] for r in manifest}) == 80
     by_key = {r["key"]: r for r in manifest}
     seen = 0
@@ -44,6 +44,7 @@ def test_shards_manifest_and_stats_agree(tmp_path):
             assert row["shard"] == str(tar.relative_to(params.output_dir))
             assert sample["txt"].decode() == row["short"] == meta["captions"]["short"]
             assert meta["captions"]["long"] == row["long"]
+            assert row["object_phrases"] == meta["object_phrases"] and len(row["object_phrases"]) >= 1
             assert sample["jpg"][:2] == b"\xff\xd8"
             seen += 1
     assert seen == 80

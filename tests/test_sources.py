@@ -76,6 +76,7 @@ def test_webdataset_source_rekeys_validates_and_counts_skips(tmp_path):
     rows = _manifest(params)
     assert [r["key"] for r in rows] == ["train-000000-000000", "train-000000-000001", "train-000001-000000"]
     assert rows[1]["long"] == "long text" and rows[0]["long"] == ""
+    assert rows[0]["object_phrases"] is None  # only ShapesWorld knows the true phrases
     samples = list(wds.WebDataset(str(params.output_dir / "train" / "shard-000000.tar"), shardshuffle=False))
     # the png was re-encoded: every output image is a JPEG
     assert all(s["jpg"][:2] == b"\xff\xd8" for s in samples)
