@@ -17,12 +17,10 @@ the rest. A change of the params that shape the data (fingerprint) starts the ou
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import multiprocessing as mp
 import os
-import shutil
 import sys
 import textwrap
 import time
@@ -35,11 +33,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from components.atomic import atomic_write_bytes, atomic_write_json, atomic_write_parquet
+from components import shapesworld, sources
+from components.atomic import atomic_write_bytes, atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
 from components.params import CaptionsParams, ParamsError, load_params
 from components.sources import RawSample, ShardPlan, Skip, SourceError, make_source
 
-FINGERPRINT_FILE = "_fingerprint.json"
 SKIP_EXAMPLES = 3  # per reason, kept in the stats so a user can look at what was skipped
 
 
@@ -48,23 +46,11 @@ SKIP_EXAMPLES = 3  # per reason, kept in the stats so a user can look at what wa
 # --------------------------------------------------------------------------------------------------
 
 
-def fingerprint(params: CaptionsParams) -> str:
-    """Hash of the params that decide the shards' content (not workers, not where the stats go)."""
-    shaping = params.model_dump(mode="json", exclude={"workers", "stats_path", "contact_sheet"})
-    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def prepare_output(params: CaptionsParams) -> None:
-    """Keep finished shards of the same params; start afresh when the params changed."""
-    out = params.output_dir
-    fp_path = out / FINGERPRINT_FILE
-    current = fingerprint(params)
-    if fp_path.is_file() and json.loads(fp_path.read_text()).get("fingerprint") != current:
-        # Only our own files go: a user's output_dir may hold other things.
-        for sub in ("train", "test", "parts"):
-            shutil.rmtree(out / sub, ignore_errors=True)
-        (out / "manifest.parquet").unlink(missing_ok=True)
-    atomic_write_json(fp_path, {"fingerprint": current})
+    """Keep finished shards made by the same params and code; start afresh otherwise."""
+    shaping = params.model_dump(mode="json", exclude={"workers", "stats_path", "contact_sheet"})
+    code = [Path(m.__file__) for m in (sys.modules[__name__], sources, shapesworld)]
+    resume_or_restart(params.output_dir, fingerprint(shaping, code), ["train", "test", "parts", "manifest.parquet"])
 
 
 def part_paths(out: Path, plan: ShardPlan) -> tuple[Path, Path, Path]:
