@@ -39,7 +39,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 @pytest.mark.slow
-def test_dvc_repro_runs_the_captions_stage_and_then_is_up_to_date(tmp_path):
+def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(tmp_path):
     work = tmp_path / "repo"
     work.mkdir()
     for name in ("components", "params", ".dvc", "dvc.yaml", ".dvcignore", ".gitignore"):
@@ -66,6 +66,9 @@ def test_dvc_repro_runs_the_captions_stage_and_then_is_up_to_date(tmp_path):
     assert metrics["samples_by_split"] == {"train": 40, "test": 10}
     assert (work / "data" / "captions" / "manifest.parquet").is_file()
     assert (work / "docs" / "shapesworld_contact_sheet.png").is_file()
+    concepts = yaml.safe_load((work / "metrics" / "concepts.json").read_text())
+    assert concepts["captions"] == 40 and concepts["quality"]["long"]["recall"] >= 0.98
+    assert len(list((work / "data" / "concepts" / "train").glob("shard-*.parquet"))) == 2
 
     second = dvc("repro")
     assert second.returncode == 0
