@@ -1,0 +1,279 @@
+"""The C2LIP method: concept batches, the loss terms and the training module. Pure torch, no I/O.
+
+Notation as in DESIGN.md ("The C2LIP method"): x_i image embeddings, t_i caption embeddings, c_k phrase
+(concept) embeddings, u_mj token features of image m, s = exp(logit_scale), b = logit_bias.
+
+    L = L_sig + λ_npc·L_npc + λ_xac·L_xac          (λ_npc = 1, λ_xac = 0.01)
+
+With world size > 1 every tensor a loss needs (image and caption embeddings, image tokens, phrase
+embeddings and each phrase's image index, offset by the images of the ranks before) is gathered with
+its gradient, so every rank computes the loss of the global batch. Each rank's backward then yields
+W × its share of the true gradient, and the data-parallel mean (DDP, DeepSpeed) gives the true
+gradient exactly. (The released C2LIP code indexed local image features with global labels.)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from open_clip.loss import SigLipLoss
+from torch.utils.checkpoint import checkpoint
+
+from components.models import encode_concepts, image_features_and_tokens
+
+# --------------------------------------------------------------------------------------------------
+# concept batches (the collate's part)
+# --------------------------------------------------------------------------------------------------
+
+
+def concept_batch(phrases_per_image: list[list[str]], tokenizer) -> dict[str, torch.Tensor]:
+    """Tokens of a batch's distinct phrases and, for every phrase occurrence, its row and its image.
+
+    Returns ``phrase_tokens`` [U, L] (U distinct phrases, in order of first occurrence, tokenized like
+    captions), ``phrase_inverse`` [K] (row of each occurrence) and ``phrase_image_index`` [K] (the
+    local index of the image each occurrence belongs to).
+    """
+    rows: dict[str, int] = {}
+    inverse, owner = [], []
+    for image, phrases in enumerate(phrases_per_image):
+        for phrase in phrases:
+            inverse.append(rows.setdefault(phrase, len(rows)))
+            owner.append(image)
+    distinct = list(rows)
+    tokens = tokenizer(distinct) if distinct else torch.zeros(0, getattr(tokenizer, "context_length", 77), dtype=torch.long)
+    return {
+        "phrase_tokens": tokens,
+        "phrase_inverse": torch.tensor(inverse, dtype=torch.long),
+        "phrase_image_index": torch.tensor(owner, dtype=torch.long),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# distributed gathering with gradients
+# --------------------------------------------------------------------------------------------------
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """all_gather of equal-shaped tensors whose backward sums every rank's gradient for this rank's
+    slice (an all-reduce, which every backend, gloo included, supports)."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        ctx.rank, ctx.size = rank, tensor.shape[0]
+        parts = [torch.empty_like(tensor) for _ in range(world)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts, 0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        return grad[ctx.rank * ctx.size:(ctx.rank + 1) * ctx.size]
+
+
+def distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def gather_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """Concatenate every rank's rows (counts may differ per rank), keeping gradients; also the counts."""
+    if not distributed():
+        return tensor, [tensor.shape[0]]
+    count = torch.tensor([tensor.shape[0]], device=tensor.device)
+    counts = [torch.zeros_like(count) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, count)
+    counts = [int(c) for c in counts]
+    padded = tensor.new_zeros((max(counts), *tensor.shape[1:]))
+    padded = torch.cat([tensor, padded[tensor.shape[0]:]], 0)  # keeps the graph to ``tensor``
+    gathered = _GatherWithGrad.apply(padded)
+    rows = max(counts)
+    return torch.cat([gathered[r * rows:r * rows + n] for r, n in enumerate(counts)], 0), counts
+
+
+# --------------------------------------------------------------------------------------------------
+# loss terms (single-device formulas; the module below gathers first)
+# --------------------------------------------------------------------------------------------------
+
+_siglip = SigLipLoss(cache_labels=False)  # rank 0 of world 1: it sees the already gathered global batch
+
+
+def sigmoid_contrastive(image_features, text_features, scale, bias) -> torch.Tensor:
+    """L_sig: open_clip's SigLIP loss, −Σ log σ(y·(s⟨x_i, t_j⟩ + b)) / B, y = +1 on the diagonal."""
+    return _siglip(image_features, text_features, scale, bias)
+
+
+def softmax_contrastive(image_features, text_features, scale, bias=None) -> torch.Tensor:
+    """CLIP's loss: mean of image→text and text→image cross-entropy. The bias, when the model has
+    one, is added (softmax ignores a constant), so it still takes part and DDP sees a gradient."""
+    logits = scale * image_features @ text_features.T
+    if bias is not None:
+        logits = logits + bias
+    labels = torch.arange(logits.shape[0], device=logits.device)
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+
+
+def _labels(image_index: torch.Tensor, num_images: int, dtype) -> torch.Tensor:
+    """[M, K]: +1 where phrase k belongs to image m, −1 elsewhere."""
+    own = image_index.unsqueeze(0) == torch.arange(num_images, device=image_index.device).unsqueeze(1)
+    return own.to(dtype) * 2 - 1
+
+
+def npc_loss(image_features, phrase_features, image_index, scale, bias) -> torch.Tensor:
+    """L_npc: −Σ_{i,k} log σ(y_ik·(s⟨x_i, c_k⟩ + b)) / K."""
+    logits = scale * image_features @ phrase_features.T + bias
+    labels = _labels(image_index, image_features.shape[0], logits.dtype)
+    return -F.logsigmoid(labels * logits).sum() / max(phrase_features.shape[0], 1)
+
+
+def _xac_chunk(tokens, phrases, image_index, scale, bias, temperature: float) -> torch.Tensor:
+    sims = torch.einsum("mjd,kd->mkj", tokens, phrases)  # ⟨c_k, u_mj⟩, [M, Kc, J]
+    attention = (sims / temperature).softmax(dim=-1)
+    pooled = F.normalize(torch.einsum("mkj,mjd->mkd", attention, tokens), dim=-1)  # v̂_mk
+    logits = scale * torch.einsum("mkd,kd->mk", pooled, phrases) + bias
+    labels = _labels(image_index, tokens.shape[0], logits.dtype)
+    return -F.logsigmoid(labels * logits).sum()
+
+
+def xac_loss(image_tokens, phrase_features, image_index, scale, bias, temperature: float = 1.0, chunk: int = 256) -> torch.Tensor:
+    """L_xac: each phrase attends over each image's tokens, a = softmax_j(⟨c_k, u_mj⟩ / τ),
+    v̂_mk = normalize(Σ_j a_j u_mj), logit = s⟨v̂_mk, c_k⟩ + b; labels and normalisation as L_npc.
+
+    Vectorised over images, phrases and tokens; computed ``chunk`` phrases at a time, each chunk
+    recomputed in the backward pass (activation checkpointing), so peak memory is that of one chunk
+    ([M, chunk, J] attention and [M, chunk, D] pooled vectors) whatever the number of phrases.
+    """
+    total = image_tokens.new_zeros(())
+    K = phrase_features.shape[0]
+    for start in range(0, K, chunk):
+        args = (image_tokens, phrase_features[start:start + chunk], image_index[start:start + chunk], scale, bias, temperature)
+        if torch.is_grad_enabled() and K > chunk:
+            total = total + checkpoint(_xac_chunk, *args, use_reentrant=False)
+        else:
+            total = total + _xac_chunk(*args)
+    return total / max(K, 1)
+
+
+class C2LIPLoss(nn.Module):
+    """L = L_contrastive + λ_npc·L_npc + λ_xac·L_xac, returned as a dict of weighted terms whose sum is
+    the loss (open_clip's ``output_dict`` contract). Terms with λ = 0 are not computed.
+
+    ``concept_logit``: ``shared`` uses the model's s and b for the concept terms (the paper's choice);
+    ``own`` gives them a learnable pair of their own, initialised from the model's values.
+    """
+
+    def __init__(
+        self,
+        contrastive: Literal["sigmoid", "softmax"] = "sigmoid",
+        lambda_npc: float = 1.0,
+        lambda_xac: float = 0.01,
+        xac_temperature: float = 1.0,
+        xac_chunk: int = 256,
+        concept_logit: Literal["shared", "own"] = "shared",
+        init_logit_scale: float | None = None,
+        init_logit_bias: float | None = None,
+    ):
+        super().__init__()
+        if contrastive not in ("sigmoid", "softmax"):
+            raise ValueError(f"contrastive must be 'sigmoid' or 'softmax', got {contrastive!r}")
+        if xac_temperature <= 0 or xac_chunk < 1:
+            raise ValueError("xac_temperature must be > 0 and xac_chunk >= 1")
+        self.contrastive = contrastive
+        self.lambda_npc, self.lambda_xac = float(lambda_npc), float(lambda_xac)
+        self.xac_temperature, self.xac_chunk = float(xac_temperature), int(xac_chunk)
+        self.concept_logit = concept_logit
+        if concept_logit == "own":
+            if init_logit_scale is None or init_logit_bias is None:
+                raise ValueError("concept_logit='own' needs init_logit_scale (log scale) and init_logit_bias")
+            # 1-dim, like the model's own with nonscalar_logit_scale (DeepSpeed needs it)
+            self.concept_logit_scale = nn.Parameter(torch.tensor([float(init_logit_scale)]))
+            self.concept_logit_bias = nn.Parameter(torch.tensor([float(init_logit_bias)]))
+        elif concept_logit != "shared":
+            raise ValueError(f"concept_logit must be 'shared' or 'own', got {concept_logit!r}")
+
+    @property
+    def uses_concepts(self) -> bool:
+        return self.lambda_npc > 0 or self.lambda_xac > 0
+
+    def concept_scale_bias(self, scale: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.concept_logit == "own":
+            return self.concept_logit_scale.exp(), self.concept_logit_bias
+        if bias is None:
+            raise ValueError("the model has no logit_bias for the concept terms: use concept_logit='own'")
+        return scale, bias
+
+    def forward(
+        self,
+        image_features: torch.Tensor,
+        text_features: torch.Tensor,
+        logit_scale: torch.Tensor,
+        logit_bias: torch.Tensor | None = None,
+        phrase_features: torch.Tensor | None = None,
+        phrase_image_index: torch.Tensor | None = None,
+        image_tokens: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Local tensors in, the global batch's loss terms out.
+
+        image_features, text_features: [B, D], L2-normalised; logit_scale: s (already exponentiated);
+        phrase_features: [K, D] normalised; phrase_image_index: [K], local image of each phrase;
+        image_tokens: [B, J, D] normalised token features (needed when λ_xac > 0).
+        """
+        images, counts = gather_rows(image_features)
+        texts, _ = gather_rows(text_features)
+        if self.contrastive == "sigmoid":
+            losses = {"contrastive_loss": sigmoid_contrastive(images, texts, logit_scale, logit_bias)}
+        else:
+            losses = {"contrastive_loss": softmax_contrastive(images, texts, logit_scale, logit_bias)}
+        if not self.uses_concepts:
+            return losses
+        if phrase_features is None or phrase_image_index is None:
+            raise ValueError("the concept terms need phrase_features and phrase_image_index")
+        rank = dist.get_rank() if distributed() else 0
+        phrases, _ = gather_rows(phrase_features)
+        owner, _ = gather_rows(phrase_image_index + sum(counts[:rank]))  # global image index
+        scale, bias = self.concept_scale_bias(logit_scale, logit_bias)
+        if self.lambda_npc > 0:
+            losses["npc_loss"] = self.lambda_npc * npc_loss(images, phrases, owner, scale, bias)
+        if self.lambda_xac > 0:
+            if image_tokens is None:
+                raise ValueError("L_xac needs image_tokens")
+            tokens, _ = gather_rows(image_tokens)
+            losses["xac_loss"] = self.lambda_xac * xac_loss(tokens, phrases, owner, scale, bias, self.xac_temperature, self.xac_chunk)
+        return losses
+
+
+class C2LIPModule(nn.Module):
+    """Model + loss as one module, so DDP or DeepSpeed can wrap a whole training step's forward."""
+
+    def __init__(self, model: nn.Module, loss: C2LIPLoss):
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(
+        self,
+        images: torch.Tensor,
+        texts: torch.Tensor,
+        phrase_tokens: torch.Tensor | None = None,
+        phrase_inverse: torch.Tensor | None = None,
+        phrase_image_index: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        model = self.model
+        need_tokens = self.loss.uses_concepts and self.loss.lambda_xac > 0
+        if need_tokens:
+            pooled, tokens = image_features_and_tokens(model, images)
+            image_features, image_tokens = F.normalize(pooled, dim=-1), F.normalize(tokens, dim=-1)
+        else:
+            image_features, image_tokens = model.encode_image(images, normalize=True), None
+        text_features = model.encode_text(texts, normalize=True)
+        phrase_features = None
+        if self.loss.uses_concepts:
+            phrase_features = encode_concepts(model, phrase_tokens, phrase_inverse)
+        bias = getattr(model, "logit_bias", None)
+        return self.loss(
+            image_features, text_features, model.logit_scale.exp(), bias,
+            phrase_features=phrase_features, phrase_image_index=phrase_image_index, image_tokens=image_tokens,
+        )

@@ -1,0 +1,140 @@
+"""Models for the C2LIP method: construction for any open_clip architecture, the tiny configs we ship,
+and image token features in the joint embedding space (no new parameters).
+
+Pure torch (plus open_clip/timm for the modules themselves); no file I/O besides open_clip's own
+checkpoint loading.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import open_clip
+import timm
+import torch
+import torch.nn.functional as F
+from open_clip.timm_model import TimmModel
+from open_clip.transformer import VisionTransformer as OpenClipViT
+from timm.layers import AttentionPoolLatent
+from timm.models import register_model
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
+# SigLIP-like (timm ViT, MAP head, sigmoid loss) and CLIP-like (class token + proj). The names avoid
+# "siglip": open_clip then picks its HF SigLIP tokenizer, which needs transformers and the hub; both
+# use open_clip's built-in tokenizer, which ships in the package.
+TINY_SIGLIP = "c2lip-tiny-map"
+TINY_CLIP = "c2lip-tiny-cls"
+
+
+# The tiny SigLIP-like tower: a timm ViT with a MAP head and no class token, as in SigLIP, small enough to
+# train from scratch on 2 CPU cores. Registered with timm so an open_clip config can name it.
+if "c2lip_vit_tiny_map" not in timm.list_models("c2lip_*"):
+
+    @register_model
+    def c2lip_vit_tiny_map(pretrained: bool = False, **kwargs) -> TimmViT:
+        """64 px, patch 8 (64 tokens), width 128, 4 layers, 4 heads, MAP pooling, no class token."""
+        args = dict(
+            img_size=64, patch_size=8, embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0,
+            class_token=False, global_pool="map", num_classes=0,
+        )
+        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm's factory bookkeeping
+            kwargs.pop(key, None)
+        args.update(kwargs)
+        if pretrained:
+            raise ValueError("c2lip_vit_tiny_map has no pretrained weights; train it with the base stage")
+        return TimmViT(**args)
+
+
+open_clip.add_model_config(CONFIG_DIR)
+
+
+def create_model(name: str, pretrained: str | None = None, nonscalar_logit_scale: bool = True, **kwargs):
+    """(model, train transform, eval transform, tokenizer) for any open_clip architecture by name.
+
+    ``pretrained`` is an open_clip tag (``webli``) or a local checkpoint path; a checkpoint whose logit
+    scale/bias are 0-dim loads into the 1-dim ones that ``nonscalar_logit_scale`` gives (DeepSpeed 0.19.8
+    fails on 0-dim parameters). Extra keyword arguments go to ``open_clip.create_model_and_transforms``.
+    """
+    if name not in open_clip.list_models():
+        raise ValueError(f"model {name!r} is not an open_clip architecture; known: c2lip tiny configs "
+                         f"{[TINY_SIGLIP, TINY_CLIP]} and {len(open_clip.list_models())} others")
+    model, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
+        name, pretrained=pretrained, nonscalar_logit_scale=nonscalar_logit_scale, **kwargs
+    )
+    return model, preprocess_train, preprocess_val, open_clip.get_tokenizer(name)
+
+
+# --------------------------------------------------------------------------------------------------
+# image token features
+# --------------------------------------------------------------------------------------------------
+
+
+def _map_token_features(pool: AttentionPoolLatent, tokens: torch.Tensor) -> torch.Tensor:
+    """Each token through the MAP head's value path: value half of ``kv`` (heads merged), ``proj``,
+    then the residual MLP ``u + mlp(norm(u))`` — what the head outputs when attention picks one token."""
+    B, N, C = tokens.shape
+    if pool.pos_embed is not None:
+        tokens = tokens + pool.pos_embed.unsqueeze(0).to(tokens.dtype)
+    kv = pool.kv(tokens).reshape(B, N, 2, C)  # channel layout (2, heads, head_dim): heads merged = C
+    u = pool.proj_drop(pool.proj(kv[:, :, 1]))
+    return u if pool.mlp is None else u + pool.mlp(pool.norm(u))
+
+
+@contextmanager
+def _output_tokens(visual: OpenClipViT):
+    previous = visual.output_tokens
+    visual.output_tokens = True
+    try:
+        yield
+    finally:
+        visual.output_tokens = previous
+
+
+def image_features_and_tokens(model, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass of the image tower: (pooled features [B, D], token features [B, J, D]), both not yet
+    L2-normalised; the pooled features equal ``model.encode_image(images)``.
+
+    Token features are the patch tokens mapped into the joint space by the pooling layer's own modules:
+    - timm ViT with a MAP head: see :func:`_map_token_features`, then the layers after pooling;
+    - open_clip class-token ViT: ``ln_post`` (if not already applied) then ``proj``.
+    Only the training losses call this; ``encode_image`` never takes this path.
+    """
+    visual = model.visual
+    if isinstance(visual, TimmModel) and isinstance(visual.trunk, TimmViT) and isinstance(visual.trunk.attn_pool, AttentionPoolLatent):
+        trunk = visual.trunk
+        x = trunk.forward_features(images)
+        pooled = visual.head(trunk.forward_head(x))
+        tokens = _map_token_features(trunk.attn_pool, x[:, trunk.num_prefix_tokens:])
+        # the same post-pool layers the pooled vector goes through (identity for timm_proj: none)
+        tokens = visual.head(trunk.head(trunk.head_drop(trunk.fc_norm(tokens))))
+        return pooled, tokens
+    if isinstance(visual, OpenClipViT) and visual.attn_pool is None:
+        with _output_tokens(visual):
+            pooled, tokens = visual(images)
+        if visual.final_ln_after_pool:
+            tokens = visual.ln_post(tokens)  # otherwise ln_post was applied before pooling, to all tokens
+        if visual.proj is not None:
+            tokens = tokens @ visual.proj
+        return pooled, tokens
+    raise NotImplementedError(
+        f"token features are defined for a timm ViT with a MAP head and for open_clip's class-token ViT; "
+        f"this model's image tower is {type(visual).__name__}"
+    )
+
+
+def encode_concepts(model, phrase_tokens: torch.Tensor, inverse: torch.Tensor | None = None) -> torch.Tensor:
+    """L2-normalised embeddings of phrases, each encoded on its own by the text tower exactly as
+    captions are at inference (same tokenizer, same context length, same padding).
+
+    ``phrase_tokens`` [U, L] holds the distinct phrases of a batch; ``inverse`` [K] maps every phrase
+    occurrence to its row, so a phrase shared by several images is encoded once (gather's backward adds
+    the gradients of its occurrences, so loss and gradients equal those of encoding each occurrence).
+    """
+    features = model.encode_text(phrase_tokens, normalize=True)
+    return features if inverse is None else features[inverse]
+
+
+def normalized(x: torch.Tensor) -> torch.Tensor:
+    return F.normalize(x, dim=-1)

@@ -1,0 +1,297 @@
+"""The C2LIP method core: token features, concept embeddings, loss formulas, de-duplication,
+chunking, and distributed correctness (2 gloo processes against one process on the same batch)."""
+
+import os
+import socket
+
+import open_clip
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from components import models
+from components.method import (
+    C2LIPLoss,
+    C2LIPModule,
+    concept_batch,
+    npc_loss,
+    sigmoid_contrastive,
+    softmax_contrastive,
+    xac_loss,
+)
+from components.models import TINY_CLIP, TINY_SIGLIP, create_model, image_features_and_tokens
+
+PHRASES = [
+    ["a large red circle", "a small blue square"],
+    ["a small blue square"],
+    ["a green cross", "the green cross", "a large red circle"],
+    [],
+    ["a yellow triangle"],
+    ["a large red circle", "a yellow triangle"],
+]
+
+
+def _model(name, seed=0):
+    torch.manual_seed(seed)
+    model, _, _, tokenizer = create_model(name)
+    return model, tokenizer
+
+
+def _images(n=6, seed=1):
+    return torch.randn(n, 3, 64, 64, generator=torch.Generator().manual_seed(seed))
+
+
+# --------------------------------------------------------------------------------------------------
+# models and token features
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [TINY_SIGLIP, TINY_CLIP])
+def test_tiny_configs_are_open_clip_models_with_1d_logit_scale(name):
+    model, tokenizer = _model(name)
+    assert name in open_clip.list_models()
+    assert model.logit_scale.shape == (1,)
+    assert (model.logit_bias is not None) == (name == TINY_SIGLIP)
+    assert tokenizer(["a red circle"]).shape == (1, 77)
+
+
+@pytest.mark.parametrize("name", [TINY_SIGLIP, TINY_CLIP])
+def test_token_path_adds_nothing_and_pooled_equals_encode_image(name):
+    model, _ = _model(name)
+    model.eval()
+    images = _images()
+    keys, count = list(model.state_dict()), sum(p.numel() for p in model.parameters())
+    before = model.encode_image(images)
+    pooled, tokens = image_features_and_tokens(model, images)
+    assert torch.equal(pooled, before)
+    assert tokens.shape == (6, 64, 128)  # 64 patches of 8 px, joint width 128
+    assert torch.equal(model.encode_image(images), before)
+    assert list(model.state_dict()) == keys and sum(p.numel() for p in model.parameters()) == count
+    module = C2LIPModule(model, C2LIPLoss())
+    assert sum(p.numel() for p in module.parameters()) == count  # the method adds no parameter
+
+
+def test_map_token_features_are_what_the_head_outputs_for_a_single_token():
+    model, _ = _model(TINY_SIGLIP)
+    model.eval()
+    trunk = model.visual.trunk
+    x = trunk.forward_features(_images(2))
+    same = x[:, :1].expand(-1, x.shape[1], -1).contiguous()  # every token identical
+    # attention over identical values returns that value: the pooled output is the token feature
+    pooled = trunk.attn_pool(same)
+    per_token = models._map_token_features(trunk.attn_pool, same)
+    assert torch.allclose(per_token[:, 0], pooled, atol=1e-5)
+    # and the value half of kv is the second half of its output channels
+    C = x.shape[-1]
+    v = F.linear(x, trunk.attn_pool.kv.weight[C:], trunk.attn_pool.kv.bias[C:])
+    u = trunk.attn_pool.proj(v)
+    assert torch.allclose(models._map_token_features(trunk.attn_pool, x), u + trunk.attn_pool.mlp(trunk.attn_pool.norm(u)), atol=1e-6)
+
+
+def test_cls_token_features_are_ln_post_then_proj_of_patch_tokens():
+    model, _ = _model(TINY_CLIP)
+    model.eval()
+    seen = {}
+    handle = model.visual.transformer.register_forward_hook(lambda m, i, o: seen.setdefault("x", o))
+    pooled, tokens = image_features_and_tokens(model, _images(2))
+    handle.remove()
+    x = seen["x"]
+    assert torch.allclose(tokens, model.visual.ln_post(x[:, 1:]) @ model.visual.proj, atol=1e-6)
+    assert torch.allclose(pooled, model.visual.ln_post(x[:, 0]) @ model.visual.proj, atol=1e-6)
+
+
+def test_inference_never_takes_the_token_path(monkeypatch):
+    model, tokenizer = _model(TINY_SIGLIP)
+    calls = []
+    monkeypatch.setattr(models, "_map_token_features", lambda *a: calls.append(1))
+    model.encode_image(_images(2))
+    model(_images(2), tokenizer(["a", "b"]))
+    assert calls == []
+
+
+def test_checkpoint_with_0dim_logit_scale_loads_into_1d_model(tmp_path):
+    torch.manual_seed(0)
+    plain = open_clip.create_model(TINY_SIGLIP, nonscalar_logit_scale=False)
+    with torch.no_grad():
+        plain.logit_scale.fill_(3.0)
+        plain.logit_bias.fill_(-7.0)
+    assert plain.logit_scale.ndim == 0
+    path = tmp_path / "scalar.pt"
+    torch.save(plain.state_dict(), path)
+    model, _, _, _ = create_model(TINY_SIGLIP, pretrained=str(path))
+    assert model.logit_scale.shape == (1,) and model.logit_scale.item() == 3.0 and model.logit_bias.item() == -7.0
+    images = _images(2)
+    assert torch.allclose(model.encode_image(images), plain.encode_image(images))
+
+
+def test_unknown_model_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="not an open_clip architecture"):
+        create_model("c2lip-huge-nonexistent")
+
+
+# --------------------------------------------------------------------------------------------------
+# concept batches and loss formulas
+# --------------------------------------------------------------------------------------------------
+
+
+def test_concept_batch_deduplicates_and_keeps_owners():
+    _, tokenizer = _model(TINY_SIGLIP)
+    batch = concept_batch(PHRASES, tokenizer)
+    distinct = ["a large red circle", "a small blue square", "a green cross", "the green cross", "a yellow triangle"]
+    assert torch.equal(batch["phrase_tokens"], tokenizer(distinct))
+    assert batch["phrase_inverse"].tolist() == [0, 1, 1, 2, 3, 0, 4, 0, 4]
+    assert batch["phrase_image_index"].tolist() == [0, 0, 1, 2, 2, 2, 4, 5, 5]
+
+
+def _random_features(seed, B=6, K=9, J=16, D=32):
+    g = torch.Generator().manual_seed(seed)
+    image = F.normalize(torch.randn(B, D, generator=g), dim=-1).requires_grad_()
+    text = F.normalize(torch.randn(B, D, generator=g), dim=-1).requires_grad_()
+    phrases = F.normalize(torch.randn(K, D, generator=g), dim=-1).requires_grad_()
+    tokens = F.normalize(torch.randn(B, J, D, generator=g), dim=-1).requires_grad_()
+    owner = torch.randint(0, B, (K,), generator=g)
+    scale = torch.tensor([10.0], requires_grad=True)
+    bias = torch.tensor([-5.0], requires_grad=True)
+    return image, text, phrases, tokens, owner, scale, bias
+
+
+def test_sigmoid_and_npc_losses_match_the_formulas():
+    image, text, phrases, _, owner, s, b = _random_features(0)
+    expected_sig = sum(
+        -F.logsigmoid((1 if i == j else -1) * (s * image[i] @ text[j] + b)) for i in range(6) for j in range(6)
+    ) / 6
+    assert torch.allclose(sigmoid_contrastive(image, text, s, b), expected_sig, atol=1e-5)
+    expected_npc = sum(
+        -F.logsigmoid((1 if owner[k] == i else -1) * (s * image[i] @ phrases[k] + b)) for i in range(6) for k in range(9)
+    ) / 9
+    assert torch.allclose(npc_loss(image, phrases, owner, s, b), expected_npc, atol=1e-5)
+
+
+def test_softmax_loss_ignores_the_bias_but_gives_it_a_gradient():
+    image, text, _, _, _, s, b = _random_features(1)
+    with_bias = softmax_contrastive(image, text, s, b)
+    without = softmax_contrastive(image, text, s, None)
+    assert torch.allclose(with_bias, without, atol=1e-6)
+    with_bias.backward()
+    assert b.grad is not None and b.grad.abs().item() < 1e-5
+
+
+def _xac_loop(tokens, phrases, owner, s, b, temperature=1.0):
+    """Reference: a plain loop over phrases, straight from the formula."""
+    total = 0.0
+    for k in range(phrases.shape[0]):
+        c = phrases[k]
+        for m in range(tokens.shape[0]):
+            a = torch.softmax(tokens[m] @ c / temperature, dim=0)
+            v = F.normalize((a[:, None] * tokens[m]).sum(0), dim=0)
+            y = 1.0 if owner[k] == m else -1.0
+            total = total - F.logsigmoid(y * (s * v @ c + b))
+    return total / phrases.shape[0]
+
+
+@pytest.mark.parametrize("chunk, temperature", [(256, 1.0), (4, 1.0), (2, 0.07)])
+def test_xac_loss_and_gradients_match_a_per_phrase_loop(chunk, temperature):
+    _, _, phrases, tokens, owner, s, b = _random_features(2)
+    inputs = [tokens, phrases, s, b]
+    fast = xac_loss(tokens, phrases, owner, s, b, temperature, chunk)
+    grads_fast = torch.autograd.grad(fast, inputs)
+    slow = _xac_loop(tokens, phrases, owner, s, b, temperature)
+    grads_slow = torch.autograd.grad(slow, inputs)
+    assert torch.allclose(fast, slow, atol=1e-5)
+    for gf, gs in zip(grads_fast, grads_slow):
+        assert torch.allclose(gf, gs, atol=1e-5)
+
+
+def _loss_and_grads(module, images, texts, batch):
+    module.zero_grad()
+    terms = module(images, texts, **batch)
+    total = sum(terms.values())
+    total.backward()
+    return total.detach(), {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+def test_deduplicated_phrases_give_the_same_loss_and_gradients():
+    model, tokenizer = _model(TINY_SIGLIP)
+    module = C2LIPModule(model, C2LIPLoss(lambda_xac=0.5))
+    images, texts = _images(), tokenizer([f"caption {i}" for i in range(6)])
+    dedup = concept_batch(PHRASES, tokenizer)
+    every = {
+        "phrase_tokens": tokenizer([p for ps in PHRASES for p in ps]),
+        "phrase_inverse": None,
+        "phrase_image_index": dedup["phrase_image_index"],
+    }
+    loss_a, grads_a = _loss_and_grads(module, images, texts, dedup)
+    loss_b, grads_b = _loss_and_grads(module, images, texts, every)
+    assert torch.allclose(loss_a, loss_b, atol=1e-6)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) == len(list(module.parameters()))
+    for name in grads_a:
+        assert torch.allclose(grads_a[name], grads_b[name], atol=1e-6), name
+
+
+def test_own_concept_logit_pair_starts_from_the_model_and_learns():
+    model, tokenizer = _model(TINY_CLIP)  # no logit bias: the concept terms need their own pair
+    with pytest.raises(ValueError, match="concept_logit='own'"):
+        C2LIPModule(model, C2LIPLoss(contrastive="softmax"))(_images(), tokenizer(["x"] * 6), **concept_batch(PHRASES, tokenizer))
+    loss = C2LIPLoss(contrastive="softmax", concept_logit="own", init_logit_scale=model.logit_scale.item(), init_logit_bias=-10.0)
+    module = C2LIPModule(model, loss)
+    assert loss.concept_logit_scale.item() == pytest.approx(model.logit_scale.item())
+    _, grads = _loss_and_grads(module, _images(), tokenizer(["x"] * 6), concept_batch(PHRASES, tokenizer))
+    assert "loss.concept_logit_scale" in grads and "loss.concept_logit_bias" in grads
+    assert len(grads) == len(list(module.parameters()))
+
+
+def test_siglip_method_skips_the_concept_terms():
+    model, tokenizer = _model(TINY_SIGLIP)
+    terms = C2LIPModule(model, C2LIPLoss(lambda_npc=0, lambda_xac=0))(_images(), tokenizer(["x"] * 6))
+    assert list(terms) == ["contrastive_loss"]
+
+
+# --------------------------------------------------------------------------------------------------
+# distributed: 2 gloo processes against one process on the same global batch
+# --------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _make(name, seed=0):
+    model, tokenizer = _model(name, seed)
+    if name == TINY_SIGLIP:
+        loss = C2LIPLoss(lambda_xac=0.5, xac_chunk=3)
+    else:
+        loss = C2LIPLoss(contrastive="softmax", lambda_xac=0.5, concept_logit="own", init_logit_scale=2.0, init_logit_bias=-5.0)
+    return C2LIPModule(model, loss), tokenizer
+
+
+def _worker(rank, world, port, name, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    module, tokenizer = _make(name)
+    ddp = torch.nn.parallel.DistributedDataParallel(module)
+    images, texts = _images(), tokenizer([f"caption {i}" for i in range(6)])
+    half = slice(rank * 3, rank * 3 + 3)  # rank 0: images 0-2 (5 phrases), rank 1: 3-5 (3 phrases)
+    batch = concept_batch(PHRASES[half], tokenizer)
+    terms = ddp(images[half], texts[half], **batch)
+    total = sum(terms.values())
+    total.backward()  # DDP averages the gradients over the ranks: what the optimizer sees
+    grads = {n.removeprefix("module."): p.grad for n, p in ddp.named_parameters() if p.grad is not None}
+    torch.save({"loss": total.detach(), "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", [TINY_SIGLIP, TINY_CLIP])
+def test_two_processes_match_one_process_on_the_global_batch(tmp_path, name):
+    mp.spawn(_worker, args=(2, _free_port(), name, str(tmp_path)), nprocs=2, join=True)
+    module, tokenizer = _make(name)
+    loss, grads = _loss_and_grads(module, _images(), tokenizer([f"caption {i}" for i in range(6)]), concept_batch(PHRASES, tokenizer))
+    for rank in (0, 1):
+        result = torch.load(tmp_path / f"rank{rank}.pt")
+        assert torch.allclose(result["loss"], loss, atol=1e-5), (rank, result["loss"], loss)
+        assert result["grads"].keys() == grads.keys() and len(grads) == len(list(module.parameters()))
+        for n, g in grads.items():
+            assert torch.allclose(result["grads"][n], g, atol=1e-5), (rank, n, (result["grads"][n] - g).abs().max())
