@@ -130,27 +130,31 @@ def npc_loss(image_features, phrase_features, image_index, scale, bias) -> torch
     return -F.logsigmoid(labels * logits).sum() / max(phrase_features.shape[0], 1)
 
 
-def _xac_chunk(tokens, phrases, image_index, scale, bias, temperature: float) -> torch.Tensor:
+def _xac_chunk(tokens, gram, phrases, image_index, scale, bias, temperature: float) -> torch.Tensor:
     sims = torch.einsum("mjd,kd->mkj", tokens, phrases)  # ⟨c_k, u_mj⟩, [M, Kc, J]
-    attention = (sims / temperature).softmax(dim=-1)
-    pooled = F.normalize(torch.einsum("mkj,mjd->mkd", attention, tokens), dim=-1)  # v̂_mk
-    logits = scale * torch.einsum("mkd,kd->mk", pooled, phrases) + bias
+    attention = (sims / temperature).softmax(dim=-1)  # a
+    # ⟨v̂_mk, c_k⟩ with v = Σ_j a_j u_mj: numerator Σ_j a_j⟨u_mj, c_k⟩, norm² aᵀ G_m a. Same value as
+    # normalising v (F.normalize's eps included) without forming the [M, Kc, D] pooled vectors.
+    dot = (attention * sims).sum(-1)
+    norm = ((attention @ gram) * attention).sum(-1).clamp_min(0).sqrt().clamp_min(1e-12)
+    logits = scale * (dot / norm) + bias
     labels = _labels(image_index, tokens.shape[0], logits.dtype)
     return -F.logsigmoid(labels * logits).sum()
 
 
-def xac_loss(image_tokens, phrase_features, image_index, scale, bias, temperature: float = 1.0, chunk: int = 256) -> torch.Tensor:
+def xac_loss(image_tokens, phrase_features, image_index, scale, bias, temperature: float = 1.0, chunk: int = 512) -> torch.Tensor:
     """L_xac: each phrase attends over each image's tokens, a = softmax_j(⟨c_k, u_mj⟩ / τ),
     v̂_mk = normalize(Σ_j a_j u_mj), logit = s⟨v̂_mk, c_k⟩ + b; labels and normalisation as L_npc.
 
-    Vectorised over images, phrases and tokens; computed ``chunk`` phrases at a time, each chunk
-    recomputed in the backward pass (activation checkpointing), so peak memory is that of one chunk
-    ([M, chunk, J] attention and [M, chunk, D] pooled vectors) whatever the number of phrases.
+    Vectorised over images, phrases and tokens, and computed ``chunk`` phrases at a time; when there is
+    more than one chunk each is recomputed in the backward pass (activation checkpointing), so peak
+    memory is that of one chunk (a few [M, chunk, J] tensors) whatever the number of phrases.
     """
+    gram = image_tokens @ image_tokens.transpose(1, 2)  # G_m = U_m U_mᵀ, [M, J, J], shared by all chunks
     total = image_tokens.new_zeros(())
     K = phrase_features.shape[0]
     for start in range(0, K, chunk):
-        args = (image_tokens, phrase_features[start:start + chunk], image_index[start:start + chunk], scale, bias, temperature)
+        args = (image_tokens, gram, phrase_features[start:start + chunk], image_index[start:start + chunk], scale, bias, temperature)
         if torch.is_grad_enabled() and K > chunk:
             total = total + checkpoint(_xac_chunk, *args, use_reentrant=False)
         else:
@@ -172,7 +176,7 @@ class C2LIPLoss(nn.Module):
         lambda_npc: float = 1.0,
         lambda_xac: float = 0.01,
         xac_temperature: float = 1.0,
-        xac_chunk: int = 256,
+        xac_chunk: int = 512,
         concept_logit: Literal["shared", "own"] = "shared",
         init_logit_scale: float | None = None,
         init_logit_bias: float | None = None,

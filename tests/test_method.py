@@ -38,6 +38,11 @@ def _model(name, seed=0):
     return model, tokenizer
 
 
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:
+    """Equal within ``tol`` of the tensor's scale (fp32 sums in another order differ by ~1e-7 relative)."""
+    return (a - b).abs().max().item() <= tol * max(1.0, b.abs().max().item())
+
+
 def _images(n=6, seed=1):
     return torch.randn(n, 3, 64, 64, generator=torch.Generator().manual_seed(seed))
 
@@ -226,7 +231,7 @@ def test_deduplicated_phrases_give_the_same_loss_and_gradients():
     assert torch.allclose(loss_a, loss_b, atol=1e-6)
     assert grads_a.keys() == grads_b.keys() and len(grads_a) == len(list(module.parameters()))
     for name in grads_a:
-        assert torch.allclose(grads_a[name], grads_b[name], atol=1e-6), name
+        assert _close(grads_a[name], grads_b[name]), (name, (grads_a[name] - grads_b[name]).abs().max())
 
 
 def test_own_concept_logit_pair_starts_from_the_model_and_learns():
@@ -294,4 +299,4 @@ def test_two_processes_match_one_process_on_the_global_batch(tmp_path, name):
         assert torch.allclose(result["loss"], loss, atol=1e-5), (rank, result["loss"], loss)
         assert result["grads"].keys() == grads.keys() and len(grads) == len(list(module.parameters()))
         for n, g in grads.items():
-            assert torch.allclose(result["grads"][n], g, atol=1e-5), (rank, n, (result["grads"][n] - g).abs().max())
+            assert _close(result["grads"][n], g), (rank, n, (result["grads"][n] - g).abs().max())

@@ -1,0 +1,134 @@
+"""Benchmark: the cost of the C2LIP concept losses, measured in one run.
+
+    python bench/losses.py [--repeats 3] [--steps 10]
+
+1. L_xac at the paper's per-GPU scale (96 images, 5 phrases each, 196 tokens, width 768, fp32, CPU):
+   forward + backward time and extra peak memory (RSS, each variant in a fresh process) of the
+   vectorised, chunked L_xac against a per-phrase loop (each phrase vectorised over images), and the ratio.
+2. Training-step time of a C2LIP step (L_sig + L_npc + L_xac, phrases encoded by the text tower) against
+   a plain SigLIP step, tiny SigLIP-like config, batch 64, ShapesWorld captions and phrases, AdamW.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from components.method import xac_loss  # noqa: E402
+
+M, PER_IMAGE, J, D = 96, 5, 196, 768
+
+
+def xac_per_phrase_loop(tokens, phrases, owner, scale, bias):
+    """The straightforward implementation: one phrase at a time, vectorised over images."""
+    total = tokens.new_zeros(())
+    images = torch.arange(tokens.shape[0])
+    for k in range(phrases.shape[0]):
+        c = phrases[k]
+        attention = (tokens @ c).softmax(dim=-1)  # [M, J]
+        pooled = F.normalize((attention.unsqueeze(-1) * tokens).sum(1), dim=-1)  # [M, D]
+        labels = (images == owner[k]).float() * 2 - 1
+        total = total - F.logsigmoid(labels * (scale * pooled @ c + bias)).sum()
+    return total / phrases.shape[0]
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    tokens = F.normalize(torch.randn(M, J, D, generator=g), dim=-1).requires_grad_()
+    phrases = F.normalize(torch.randn(M * PER_IMAGE, D, generator=g), dim=-1).requires_grad_()
+    owner = torch.arange(M).repeat_interleave(PER_IMAGE)
+    return tokens, phrases, owner, torch.tensor([10.0], requires_grad=True), torch.tensor([-10.0], requires_grad=True)
+
+
+def _measure_xac(variant: str, repeats: int, queue) -> None:
+    torch.set_num_threads(torch.get_num_threads())
+    tokens, phrases, owner, s, b = _inputs()
+    fn = xac_per_phrase_loop if variant == "loop" else xac_loss
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        loss = fn(tokens, phrases, owner, s, b)
+        loss.backward()
+        times.append(time.perf_counter() - start)
+        tokens.grad = phrases.grad = s.grad = b.grad = None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put((min(times), (peak - base) / 1024, loss.item()))
+
+
+def measure_xac(variant: str, repeats: int) -> tuple[float, float, float]:
+    ctx = mp.get_context("spawn")  # a fresh process: its peak RSS belongs to this variant alone
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_measure_xac, args=(variant, repeats, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    return result
+
+
+def step_times(steps: int) -> dict[str, float]:
+    from components import shapesworld
+    from components.method import C2LIPLoss, C2LIPModule, concept_batch
+    from components.models import TINY_SIGLIP, create_model
+    from components.params import ShapesWorldParams
+
+    world = ShapesWorldParams()
+    held = shapesworld.held_out_pairs(world, 0)
+    samples = [shapesworld.make_sample(world, 0, "train", i, held) for i in range(64)]
+    # phrases as the concepts stage extracts them from long captions: full phrases and references
+    phrases = [m["object_phrases"] + [f"the {o['color']} {o['shape']}" for o in m["objects"][:-1]] for _, _, m in samples]
+    from PIL import Image
+    import io
+
+    results = {}
+    for method, loss in (("siglip", C2LIPLoss(lambda_npc=0, lambda_xac=0)), ("c2lip", C2LIPLoss())):
+        torch.manual_seed(0)
+        model, _, preprocess, tokenizer = create_model(TINY_SIGLIP)
+        images = torch.stack([preprocess(Image.open(io.BytesIO(jpg))) for jpg, _, _ in samples])
+        texts = tokenizer([c["long"] for _, c, _ in samples])
+        module = C2LIPModule(model, loss)
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
+        times = []
+        for step in range(steps + 2):
+            start = time.perf_counter()
+            batch = concept_batch(phrases, tokenizer) if loss.uses_concepts else {}  # the collate's work counts
+            total = sum(module(images, texts, **batch).values())
+            optimizer.zero_grad()
+            total.backward()
+            optimizer.step()
+            if step >= 2:  # warm-up steps excluded
+                times.append(time.perf_counter() - start)
+        results[method] = sorted(times)[len(times) // 2]
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+
+    fast_t, fast_mem, fast_loss = measure_xac("vectorised", args.repeats)
+    loop_t, loop_mem, loop_loss = measure_xac("loop", args.repeats)
+    print(f"L_xac, {M} images x {PER_IMAGE} phrases, {J} tokens, width {D}, fp32 CPU ({torch.get_num_threads()} threads), forward+backward")
+    print(f"  per-phrase loop    {loop_t:8.3f} s   extra peak RSS {loop_mem:8.0f} MiB   loss {loop_loss:.6f}")
+    print(f"  vectorised+chunks  {fast_t:8.3f} s   extra peak RSS {fast_mem:8.0f} MiB   loss {fast_loss:.6f}")
+    print(f"  speed-up           {loop_t / fast_t:8.1f}x  (target >= 20x)")
+    t = step_times(args.steps)
+    print(f"Training step, tiny SigLIP-like config, batch 64, ShapesWorld (median of {args.steps})")
+    print(f"  siglip step        {t['siglip']:8.3f} s")
+    print(f"  c2lip step         {t['c2lip']:8.3f} s")
+    print(f"  ratio c2lip/siglip {t['c2lip'] / t['siglip']:8.2f}x  (target <= 1.5x)")
+
+
+if __name__ == "__main__":
+    main()
