@@ -42,3 +42,24 @@ def tiny_captions(tmp_path: Path, **overrides) -> CaptionsParams:
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+def kill_stage_midway(stage: str, cfg: dict, tmp_path: Path, finished_glob: str, at_least: int) -> tuple[int, list[str]]:
+    """Run ``python -m components.<stage>`` on ``cfg``, SIGKILL it once ``at_least`` files match
+    ``finished_glob`` (relative to ``tmp_path``), and return (files finished, the command to re-run)."""
+    import signal
+    import subprocess
+    import time
+
+    import yaml
+
+    params_file = tmp_path / f"{stage}.yaml"
+    params_file.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", f"components.{stage}", "--params", str(params_file)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(tmp_path.glob(finished_glob))) < at_least and proc.poll() is None:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return len(list(tmp_path.glob(finished_glob))), cmd

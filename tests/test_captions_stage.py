@@ -2,19 +2,15 @@
 bytes, a killed run resumes, changed params start afresh."""
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
 import webdataset as wds
-import yaml
 
 from components.captions import part_paths, run
 from components.sources import make_source
-from conftest import REPO, tiny_captions
+from conftest import REPO, kill_stage_midway, tiny_captions
 
 
 def _tars(params):
@@ -106,17 +102,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
         "workers": 1,
         "shapesworld": {"train_images": 3000, "test_images": 0},
     }
-    params_file = tmp_path / "captions.yaml"
-    params_file.write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "components.captions", "--params", str(params_file)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    parts = tmp_path / "killed" / "parts"
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(parts.glob("*.done.json"))) < 3:
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    finished = len(list(parts.glob("*.done.json")))
+    finished, cmd = kill_stage_midway("captions", cfg, tmp_path, "killed/parts/*.done.json", 3)
     assert 3 <= finished < 30, f"kill came too late to test resuming ({finished} shards done)"
     assert not (tmp_path / "killed" / "manifest.parquet").exists()
 

@@ -2,22 +2,18 @@
 resuming after a kill, and phrase quality on ShapesWorld."""
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from components import concepts
 from components.captions import run as run_captions
 from components.concepts import ConceptsError, extract, load_nlp, phrase_quality
 from components.params import ConceptsParams, PhraseRules
-from conftest import REPO, tiny_captions
+from conftest import REPO, kill_stage_midway, tiny_captions
 
 
 @pytest.fixture(scope="module")
@@ -211,17 +207,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
     manifest = _manifest(tmp_path, _sentences(1500), shard_size=100)
     cfg = {"manifest": str(manifest), "output_dir": str(tmp_path / "killed"), "stats_path": str(tmp_path / "k.json"),
            "n_process": 1, "batch_size": 50, "quality_samples": 0}
-    params_file = tmp_path / "concepts.yaml"
-    params_file.write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "components.concepts", "--params", str(params_file)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    out = tmp_path / "killed" / "train"
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(out.glob("*.parquet"))) < 2:
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done = len(list(out.glob("*.parquet")))
+    done, cmd = kill_stage_midway("concepts", cfg, tmp_path, "killed/train/*.parquet", 2)
     assert 2 <= done < 15, f"kill came too late to test resuming ({done} shards done)"
     assert not (tmp_path / "k.json").exists()
     subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=300)

@@ -300,3 +300,11 @@ def test_two_processes_match_one_process_on_the_global_batch(tmp_path, name):
         assert result["grads"].keys() == grads.keys() and len(grads) == len(list(module.parameters()))
         for n, g in grads.items():
             assert _close(result["grads"][n], g), (rank, n, (result["grads"][n] - g).abs().max())
+
+
+def test_a_batch_without_phrases_has_zero_concept_terms_and_still_trains():
+    model, tokenizer = _model(TINY_SIGLIP)
+    terms = C2LIPModule(model, C2LIPLoss())(_images(2), tokenizer(["a", "b"]), **concept_batch([[], []], tokenizer))
+    assert terms["npc_loss"].item() == 0 and terms["xac_loss"].item() == 0
+    sum(terms.values()).backward()
+    assert model.logit_bias.grad is not None
