@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import io
 import json
-import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,9 +26,6 @@ from urllib3.util.retry import Retry
 
 from components import shapesworld
 from components.params import CaptionsParams, DownloadParams, TableSourceParams, WebDatasetSourceParams
-
-# Decompression bombs are a skip reason, not a crash: turn PIL's warning into an error we can count.
-warnings.simplefilter("error", Image.DecompressionBombWarning)
 
 
 class SourceError(ValueError):
@@ -72,6 +68,9 @@ def to_jpeg(data: bytes, quality: int = 95) -> bytes:
     Bytes that already are a baseline RGB JPEG are kept as they are, so nothing is re-compressed.
     """
     with Image.open(io.BytesIO(data)) as img:
+        # a decompression bomb is a bad row, not a crash: checked before the pixels are decoded
+        if Image.MAX_IMAGE_PIXELS and img.width * img.height > Image.MAX_IMAGE_PIXELS:
+            raise ValueError(f"{img.width}x{img.height} pixels is over PIL's limit of {Image.MAX_IMAGE_PIXELS}")
         img.load()
         if img.format == "JPEG" and img.mode == "RGB":
             return data

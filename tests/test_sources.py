@@ -272,3 +272,13 @@ def test_table_resume_skips_finished_shards_without_downloading(tmp_path, server
     assert sum(hits.values()) == 14  # only the 4 rows of the unfinished shard were fetched again
     assert [r["long"] for r in _manifest(params)] == [f"long {i}" for i in range(10)]
     assert stats["samples_written"] == 10
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+def test_decompression_bomb_is_a_counted_skip(monkeypatch):
+    from components import sources
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 32 * 32 - 1)
+    skip = sources.validate_image(_image(size=(32, 32)))
+    assert isinstance(skip, sources.Skip) and skip.reason == "undecodable_image" and "over PIL's limit" in skip.detail
+    assert isinstance(sources.validate_image(_image(size=(16, 16))), bytes)
