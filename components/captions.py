@@ -11,7 +11,7 @@ plus the stats JSON (DVC metrics) and, optionally, a contact-sheet PNG.
 
 Every file appears atomically (written under a temporary name, then renamed), and a shard counts as
 finished only once its done-marker exists, so a re-run after a kill keeps finished shards and rewrites
-the rest. A change of the params that shape the data (fingerprint) starts the output afresh.
+the rest. A change of the params that shape the data, or of the stage's code, starts afresh.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def run(params: CaptionsParams) -> dict[str, Any]:
             bar.update()
     bar.close()
 
-    stats = finish(params, plans, source.summary() if hasattr(source, "summary") else {})
+    stats = finish(params, plans, source.summary())
     stats["run_seconds"] = round(time.perf_counter() - started, 3)
     atomic_write_json(params.stats_path, stats)
     if params.contact_sheet is not None and stats["samples_written"] > 0:

@@ -158,6 +158,9 @@ class WebDatasetSource:
     def plan(self) -> list[ShardPlan]:
         return [ShardPlan("train", i, path) for i, path in enumerate(self.paths)]
 
+    def summary(self) -> dict[str, Any]:
+        return {"input_shards": len(self.paths)}
+
     def samples(self, plan: ShardPlan) -> Iterator[RawSample | Skip]:
         import webdataset as wds
 
@@ -307,6 +310,9 @@ class TableSource:
             total = sum(b.num_rows for b in self._batches())
         size = self.params.shard_size
         return [ShardPlan("train", i, (start, min(start + size, total))) for i, start in enumerate(range(0, total, size))]
+
+    def summary(self) -> dict[str, Any]:
+        return {"table": str(self.cfg.path)}
 
     def shard_rows(self, plans: list[ShardPlan]) -> Iterator[tuple[ShardPlan, list[dict[str, Any]]]]:
         """Rows of each wanted shard in order, reading the table once (plans sorted by start row)."""
