@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from open_clip.loss import SigLipLoss
+from torch.distributed.nn.functional import all_gather as all_gather_with_grad
 from torch.utils.checkpoint import checkpoint
 
 from components.models import encode_concepts, image_features_and_tokens
@@ -57,31 +58,15 @@ def concept_batch(phrases_per_image: list[list[str]], tokenizer) -> dict[str, to
 # --------------------------------------------------------------------------------------------------
 
 
-class _GatherWithGrad(torch.autograd.Function):
-    """all_gather of equal-shaped tensors whose backward sums every rank's gradient for this rank's
-    slice (an all-reduce, which every backend, gloo included, supports)."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
-        world, rank = dist.get_world_size(), dist.get_rank()
-        ctx.rank, ctx.size = rank, tensor.shape[0]
-        parts = [torch.empty_like(tensor) for _ in range(world)]
-        dist.all_gather(parts, tensor.contiguous())
-        return torch.cat(parts, 0)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
-        return grad[ctx.rank * ctx.size:(ctx.rank + 1) * ctx.size]
-
-
 def distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def gather_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-    """Concatenate every rank's rows (counts may differ per rank), keeping gradients; also the counts."""
+    """Concatenate every rank's rows (counts may differ per rank), keeping gradients; also the counts.
+
+    Rows are padded to the largest count for torch's autograd-aware all_gather, then unpadded.
+    """
     if not distributed():
         return tensor, [tensor.shape[0]]
     count = torch.tensor([tensor.shape[0]], device=tensor.device)
@@ -90,7 +75,7 @@ def gather_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     counts = [int(c) for c in counts]
     padded = tensor.new_zeros((max(counts), *tensor.shape[1:]))
     padded = torch.cat([tensor, padded[tensor.shape[0]:]], 0)  # keeps the graph to ``tensor``
-    gathered = _GatherWithGrad.apply(padded)
+    gathered = torch.cat(all_gather_with_grad(padded), 0)  # backward sums every rank's gradient for our slice
     rows = max(counts)
     return torch.cat([gathered[r * rows:r * rows + n] for r, n in enumerate(counts)], 0), counts
 
