@@ -224,7 +224,8 @@ def run(params: ConceptsParams) -> dict[str, Any]:
         _write_shard(params, shard, [rows["key"][i] for i in indices], shard_results, now - shard_start)
         shard_start = now
         bar.update(len(indices))
-    assert next(results, None) is None  # runs the stream to its end, which also stops spaCy's workers
+    if next(results, None) is not None:  # runs the stream to its end, which also stops spaCy's workers
+        raise RuntimeError("spaCy returned more results than captions were sent")
     bar.close()
     run_seconds = time.perf_counter() - started
 
@@ -239,11 +240,17 @@ def summarise(params: ConceptsParams, shards: list[str], nlp, manifest: pa.Table
     """Stats over every shard's output (finished in this run or an earlier one), plus phrase quality."""
     counts = {"empty": 0, "truncated": 0, "phrases_cut": 0, "fallback": 0, "seconds": 0.0}
     per_caption: list[int] = []
+    known = manifest.filter(pc.invert(pc.is_null(manifest["object_phrases"]))) if "object_phrases" in manifest.column_names else None
+    sample = known.slice(0, params.quality_samples) if known is not None and nlp is not None else None
+    wanted = set(sample["key"].to_pylist()) if sample is not None else set()
+    parsed: dict[str, list[str]] = {}  # the quality sample's phrases of caption_field, already in the outputs
     for shard in shards:
         table = pq.read_table(output_path(params, shard))
         for k, v in json.loads(table.schema.metadata[b"c2lip_counts"]).items():
             counts[k] += v
         per_caption.extend(pc.list_value_length(table["phrases"]).to_pylist())
+        if wanted:
+            parsed.update((r["key"], r["phrases"]) for r in table.to_pylist() if r["key"] in wanted)
     n = np.array(per_caption) if per_caption else np.zeros(0)
     stats: dict[str, Any] = {
         "captions": len(per_caption),
@@ -262,13 +269,14 @@ def summarise(params: ConceptsParams, shards: list[str], nlp, manifest: pa.Table
         "phrases_cut_to_max_words": counts["phrases_cut"],
         "captions_per_second": round(len(per_caption) / counts["seconds"], 1) if counts["seconds"] else None,
     }
-    if nlp is not None and "object_phrases" in manifest.column_names:
+    if sample is not None:
         quality = {}
-        known = manifest.filter(pc.invert(pc.is_null(manifest["object_phrases"])))
-        sample = known.slice(0, params.quality_samples)
         for field in params.quality_fields:
             if field in sample.column_names and sample.num_rows:
-                extracted = [r["phrases"] for r in extract(nlp, sample[field].to_pylist(), params)]
+                if field == params.caption_field:  # parsed once already: read, don't parse again
+                    extracted = [parsed[k] for k in sample["key"].to_pylist()]
+                else:
+                    extracted = [r["phrases"] for r in extract(nlp, sample[field].to_pylist(), params)]
                 quality[field] = phrase_quality(extracted, sample["object_phrases"].to_pylist())
         stats["quality"] = quality
     return stats
