@@ -14,6 +14,7 @@ import open_clip
 import timm
 import torch
 import torch.nn.functional as F
+from open_clip.modified_resnet import AttentionPool2d, ModifiedResNet
 from open_clip.timm_model import TimmModel
 from open_clip.transformer import VisionTransformer as OpenClipViT
 from timm.layers import AttentionPoolLatent
@@ -26,6 +27,10 @@ CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
 # use open_clip's built-in tokenizer, which ships in the package.
 TINY_SIGLIP = "c2lip-tiny-map"
 TINY_CLIP = "c2lip-tiny-cls"
+# The default for ShapesWorld: a CLIP-style ResNet (attention pooling) with SigLIP's sigmoid loss and
+# logit bias. From scratch on 2 CPU cores it learns shapes where the ViTs above learn only colours, and
+# it is built by open_clip alone (no timm registration), so its exports load anywhere.
+TINY_RN = "c2lip-tiny-rn"
 
 
 # The tiny SigLIP-like tower: a timm ViT with a MAP head and no class token, as in SigLIP, small enough to
@@ -82,6 +87,14 @@ def _map_token_features(pool: AttentionPoolLatent, tokens: torch.Tensor) -> torc
     return u if pool.mlp is None else u + pool.mlp(pool.norm(u))
 
 
+def _attnpool_token_features(pool: AttentionPool2d, feature_map: torch.Tensor) -> torch.Tensor:
+    """Each spatial position through CLIP-ResNet attention pooling's value path (position embedding,
+    ``v_proj``, ``c_proj``): what the pool outputs when its attention picks that one position."""
+    x = feature_map.flatten(2).transpose(1, 2)  # [B, HW, C]
+    x = x + pool.positional_embedding[1:].unsqueeze(0).to(x.dtype)  # row 0 belongs to the mean token
+    return pool.c_proj(pool.v_proj(x))
+
+
 @contextmanager
 def _output_tokens(visual: OpenClipViT):
     previous = visual.output_tokens
@@ -98,7 +111,8 @@ def image_features_and_tokens(model, images: torch.Tensor) -> tuple[torch.Tensor
 
     Token features are the patch tokens mapped into the joint space by the pooling layer's own modules:
     - timm ViT with a MAP head: see :func:`_map_token_features`, then the layers after pooling;
-    - open_clip class-token ViT: ``ln_post`` (if not already applied) then ``proj``.
+    - open_clip class-token ViT: ``ln_post`` (if not already applied) then ``proj``;
+    - open_clip's CLIP ResNet (attention pooling): see :func:`_attnpool_token_features`.
     Only the training losses call this; ``encode_image`` never takes this path.
     """
     visual = model.visual
@@ -118,8 +132,12 @@ def image_features_and_tokens(model, images: torch.Tensor) -> tuple[torch.Tensor
         if visual.proj is not None:
             tokens = tokens @ visual.proj
         return pooled, tokens
+    if isinstance(visual, ModifiedResNet) and isinstance(visual.attnpool, AttentionPool2d):
+        x = visual.layer4(visual.layer3(visual.layer2(visual.layer1(visual.stem(images)))))
+        return visual.attnpool(x), _attnpool_token_features(visual.attnpool, x)
     raise NotImplementedError(
-        f"token features are defined for a timm ViT with a MAP head and for open_clip's class-token ViT; "
+        f"token features are defined for a timm ViT with a MAP head, open_clip's class-token ViT and "
+        f"open_clip's attention-pooled ResNet; "
         f"this model's image tower is {type(visual).__name__}"
     )
 

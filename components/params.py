@@ -260,7 +260,122 @@ class ConceptsParams(Strict):
     quality_samples: int = Field(1000, ge=0, description="Training captions per field used for the quality figures.")
 
 
-STAGES: dict[str, type[Strict]] = {"captions": CaptionsParams, "concepts": ConceptsParams}
+# --------------------------------------------------------------------------------------------------
+# base and train stages (one module, components/train.py; the base stage is a train run from scratch)
+# --------------------------------------------------------------------------------------------------
+
+
+class TrainDataParams(Strict):
+    """Where the training samples come from and how they are shaped."""
+
+    shards: list[str] = Field(
+        default_factory=lambda: ["data/captions/train/*.tar"], min_length=1,
+        description="WebDataset shard paths or globs (the captions stage's train split).",
+    )
+    concepts_dir: Path | None = Field(
+        Path("data/concepts/train"),
+        description="The concepts stage's Parquet files (key -> phrases); needed when a concept loss is on.",
+    )
+    caption_field: str = Field("long", pattern=_CAPTION_FIELD, description="Caption field trained on (a key of each sample's captions).")
+    crop_scale: tuple[float, float] = Field((0.9, 1.0), description="RandomResizedCrop area range.")
+    shuffle_buffer: int = Field(2000, ge=1, description="Samples in the seeded shuffle buffer (one per epoch and rank).")
+    workers: int = Field(1, ge=0, description="DataLoader worker processes per rank (0: decode in the training process).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainDataParams":
+        low, high = self.crop_scale
+        if not 0 < low <= high <= 1:
+            raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
+        return self
+
+
+class ModelParams(Strict):
+    """The open_clip architecture and where its weights start."""
+
+    name: str = Field("c2lip-tiny-map", min_length=1, description="open_clip architecture name (our tiny configs included).")
+    init: str = Field(
+        "scratch",
+        min_length=1,
+        description="'scratch' (random), an open_clip pretrained tag ('webli'), or a checkpoint path "
+        "(an exported safetensors file, or a directory with open_clip_config.json).",
+    )
+
+
+class MethodParams(Strict):
+    """The training objective: ``siglip`` (plain contrastive) or ``c2lip`` (plus the concept losses)."""
+
+    name: Literal["siglip", "c2lip"] = Field("c2lip", description="siglip: the baseline; c2lip: + λ_npc·L_npc + λ_xac·L_xac.")
+    contrastive: Literal["sigmoid", "softmax"] = Field(
+        "sigmoid", description="Image-text loss: SigLIP's sigmoid or CLIP's softmax (the base stage's choice from scratch)."
+    )
+    lambda_npc: float = Field(1.0, ge=0, description="Weight of L_npc (c2lip only; 0 gives the xac-only ablation).")
+    lambda_xac: float = Field(0.01, ge=0, description="Weight of L_xac (c2lip only; 0 gives the npc-only ablation).")
+    xac_temperature: float = Field(1.0, gt=0, description="Temperature of L_xac's attention softmax.")
+    xac_chunk: int = Field(512, ge=1, description="Phrases per checkpointed L_xac chunk (memory, not maths).")
+    concept_logit: Literal["shared", "own"] = Field("shared", description="Concept terms use the model's s, b (shared) or their own pair.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MethodParams":
+        if self.name == "c2lip" and self.lambda_npc == 0 and self.lambda_xac == 0:
+            raise ValueError("method c2lip needs lambda_npc > 0 or lambda_xac > 0 (both 0 is method siglip)")
+        return self
+
+    @property
+    def uses_concepts(self) -> bool:
+        return self.name == "c2lip"
+
+
+class OptimParams(Strict):
+    """AdamW with linear warm-up then cosine decay (the paper's recipe; DESIGN.md)."""
+
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate.")
+    betas: tuple[float, float] = Field((0.9, 0.98), description="AdamW betas.")
+    eps: float = Field(1e-6, gt=0, description="AdamW epsilon.")
+    weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay (not on gains, biases, logit scale/bias).")
+    warmup_steps: int = Field(50, ge=0, description="Linear warm-up steps.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine decays to lr × this.")
+    logit_lr_multiplier: float = Field(
+        1.0, gt=0, description="Learning-rate factor for logit scale and bias (a tiny model from scratch needs ~10)."
+    )
+    max_logit_scale: float = Field(100.0, gt=1, description="exp(logit_scale) is clamped to [1, this] after each step.")
+    grad_clip: float = Field(1.0, ge=0, description="Gradient-norm clipping (0: off).")
+
+
+class TrainParams(Strict):
+    """The base and train stages: DeepSpeed fine-tuning (or from-scratch training) of an open_clip model."""
+
+    preset: str = Field("default", min_length=1, description="Name of this setting (recorded in MLflow and the metrics).")
+    seed: int = Field(0, ge=0, description="Seed of initialisation, data order and augmentation.")
+    data: TrainDataParams = Field(default_factory=TrainDataParams, description="Training data.")
+    model: ModelParams = Field(default_factory=ModelParams, description="Architecture and initialisation.")
+    method: MethodParams = Field(default_factory=MethodParams, description="Objective.")
+    optim: OptimParams = Field(default_factory=OptimParams, description="Optimiser and schedule.")
+    steps: int = Field(300, ge=1, description="Optimiser steps in total.")
+    global_batch: int = Field(128, ge=1, description="Samples per optimiser step over all processes.")
+    micro_batch: int = Field(128, ge=1, description="Samples per process per forward pass.")
+    processes: int = Field(1, ge=1, description="Processes started by `python -m components.train` (torchrun) when not already under a launcher.")
+    deepspeed_config: Path = Field(Path("infra/deepspeed/zero1_fp32.json"), description="DeepSpeed JSON (ZeRO stage, precision); batch sizes and the optimiser come from these params.")
+    torch_threads: int = Field(0, ge=0, description="torch intra-op threads per process; 0: cores / processes.")
+    output_dir: Path = Field(Path("models/train"), description="Checkpoints (checkpoints/) and the exported model (export/).")
+    checkpoint_every: int = Field(100, ge=1, description="Steps between DeepSpeed checkpoints (one is also written at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
+    metrics_path: Path = Field(Path("metrics/train.json"), description="Final metrics JSON (DVC metrics).")
+    plots_path: Path = Field(Path("metrics/train_loss.json"), description="Loss curve JSON (DVC plots).")
+    log_every: int = Field(10, ge=1, description="Steps between logged loss points.")
+    zero_shot_eval: bool = Field(True, description="After training, zero-shot top-1 on ShapesWorld single-object test images (when the data is ShapesWorld).")
+    test_shards: list[str] = Field(default_factory=lambda: ["data/captions/test/*.tar"], description="Shards for the zero-shot check.")
+    mlflow_experiment: str = Field("c2lip", min_length=1, description="MLflow experiment name (tracking URI from MLFLOW_TRACKING_URI, else mlruns.db).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainParams":
+        if self.global_batch % self.micro_batch:
+            raise ValueError(
+                f"global_batch {self.global_batch} is not divisible by micro_batch {self.micro_batch}"
+            )
+        return self
+
+
+STAGES: dict[str, type[Strict]] = {"captions": CaptionsParams, "concepts": ConceptsParams, "train": TrainParams, "base": TrainParams}
 
 
 # --------------------------------------------------------------------------------------------------

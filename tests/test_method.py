@@ -20,7 +20,7 @@ from components.method import (
     softmax_contrastive,
     xac_loss,
 )
-from components.models import TINY_CLIP, TINY_SIGLIP, create_model, image_features_and_tokens
+from components.models import TINY_CLIP, TINY_RN, TINY_SIGLIP, create_model, image_features_and_tokens
 
 PHRASES = [
     ["a large red circle", "a small blue square"],
@@ -308,3 +308,20 @@ def test_a_batch_without_phrases_has_zero_concept_terms_and_still_trains():
     assert terms["npc_loss"].item() == 0 and terms["xac_loss"].item() == 0
     sum(terms.values()).backward()
     assert model.logit_bias.grad is not None
+
+
+def test_resnet_attnpool_token_features_are_what_the_pool_outputs_for_a_single_position():
+    model, _ = _model(TINY_RN)
+    model.eval()
+    visual = model.visual
+    x = visual.layer4(visual.layer3(visual.layer2(visual.layer1(visual.stem(_images(2))))))
+    pool = visual.attnpool
+    same = x[:, :, :1, :1].expand_as(x).contiguous()  # every position holds the same feature
+    with torch.no_grad():
+        pool.positional_embedding[:] = pool.positional_embedding[1:2].clone()  # and the same position code
+    # attention over identical keys and values returns that value: the pooled vector is the token feature
+    assert torch.allclose(models._attnpool_token_features(pool, same)[:, 0], pool(same), atol=1e-5)
+    pooled, tokens = image_features_and_tokens(model, _images(2))
+    assert torch.equal(pooled, model.encode_image(_images(2)))
+    side = model.visual.image_size[0] // 32 if isinstance(model.visual.image_size, tuple) else model.visual.image_size // 32
+    assert tokens.shape == (2, side * side, 128)

@@ -1,0 +1,613 @@
+"""The base and train stages: DeepSpeed training of an open_clip model with ``siglip`` or ``c2lip``.
+
+    python -m components.train --params params/train.yaml            # the train stage (dvc repro train)
+    python -m components.train --params params/base.yaml             # the base stage (from scratch)
+    torchrun --nproc_per_node 8 -m components.train --params ...     # or: deepspeed --num_gpus 8 --module ...
+
+The same code runs on CPU (gloo) and GPU (NCCL), in one process or many. Started with plain ``python``
+and ``processes: N > 1`` it re-launches itself under torchrun; under a launcher it is one rank.
+Everything that can be checked is checked before any process starts (:func:`preflight`).
+
+Resume: DeepSpeed checkpoints (model, optimiser, scheduler) every ``checkpoint_every`` steps, with the
+step and each rank's RNG state beside them; the data order is a pure function of (seed, epoch, rank) and
+each batch's augmentation of (seed, batch index), so a killed run resumes at the same sample with the
+same crops and ends with the weights an uninterrupted run would have.
+
+Outputs (``output_dir``): ``checkpoints/``, ``export/`` (open_clip_config.json + open_clip_model.safetensors,
+loadable with ``open_clip.create_model_and_transforms("local-dir:<export>")``), ``loss.png``; plus a
+metrics JSON and a loss-curve plots JSON for DVC, and an MLflow run (rank 0 only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import open_clip
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+import webdataset as wds
+from PIL import Image
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from tqdm import tqdm
+
+from components.atomic import atomic_write_bytes, atomic_write_json, fingerprint
+from components.method import C2LIPLoss, C2LIPModule, concept_batch
+from components.models import create_model
+from components.params import ParamsError, TrainParams, flatten_params, load_params
+
+log = logging.getLogger("c2lip.train")
+ROOT = Path(__file__).resolve().parent.parent
+EXPORT_CONFIG = "open_clip_config.json"
+EXPORT_WEIGHTS = "open_clip_model.safetensors"
+RNG_FILE = "rng_rank{rank}.pt"
+
+
+# --------------------------------------------------------------------------------------------------
+# checks before launch
+# --------------------------------------------------------------------------------------------------
+
+
+def expand_shards(patterns: list[str]) -> list[str]:
+    """Sorted shard paths of every pattern (a path or a glob); a pattern that matches nothing is an error."""
+    shards: list[str] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else ([pattern] if Path(pattern).is_file() else [])
+        if not matches:
+            raise ParamsError(f"data.shards: {pattern!r} matches no file (run the captions stage first?)")
+        shards.extend(matches)
+    return shards
+
+
+def world_size_for(params: TrainParams) -> int:
+    """Processes this run will have: the launcher's WORLD_SIZE when under one, else ``processes``."""
+    return int(os.environ.get("WORLD_SIZE", params.processes))
+
+
+def deepspeed_config(params: TrainParams, world_size: int, cuda: bool) -> dict[str, Any]:
+    """The DeepSpeed config file with our batch sizes and clipping filled in; rejects what cannot run."""
+    path = params.deepspeed_config
+    if not path.is_file():
+        raise ParamsError(f"deepspeed_config: {path} does not exist (configs live in infra/deepspeed/)")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ParamsError(f"deepspeed_config: {path} is not valid JSON: {err}") from None
+    owned = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer", "scheduler", "gradient_clipping"}
+    clash = sorted(owned & set(config))
+    if clash:
+        raise ParamsError(f"deepspeed_config: {path} sets {clash}; these come from params/*.yaml (global_batch, micro_batch, optim)")
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    if stage not in (0, 1, 2):
+        raise ParamsError(f"deepspeed_config: {path} asks ZeRO stage {stage}; the train stage supports 0, 1 and 2")
+    for precision in ("bf16", "fp16"):
+        if config.get(precision, {}).get("enabled") and not cuda:
+            raise ParamsError(
+                f"deepspeed_config: {path} enables {precision}, but this machine has no CUDA GPU; "
+                f"use infra/deepspeed/zero{stage}_fp32.json on CPU"
+            )
+    per_step = world_size * params.micro_batch
+    if params.global_batch % per_step:
+        raise ParamsError(
+            f"global_batch {params.global_batch} is not divisible by world size {world_size} × micro_batch "
+            f"{params.micro_batch} = {per_step}"
+        )
+    config.update(
+        train_batch_size=params.global_batch,
+        train_micro_batch_size_per_gpu=params.micro_batch,
+        gradient_accumulation_steps=params.global_batch // per_step,
+        gradient_clipping=params.optim.grad_clip,
+    )
+    config.setdefault("zero_allow_untested_optimizer", True)  # our torch AdamW param groups (DESIGN.md's no-decay rule)
+    return config
+
+
+def preflight(params: TrainParams) -> dict[str, Any]:
+    """Every check that needs no model: config, batch arithmetic, data, concepts, init path."""
+    world = world_size_for(params)
+    config = deepspeed_config(params, world, torch.cuda.is_available())
+    shards = expand_shards(params.data.shards)
+    if len(shards) < world:
+        raise ParamsError(f"data.shards: {len(shards)} shard(s) for {world} processes; every rank needs at least one shard")
+    if params.method.uses_concepts:
+        if params.data.concepts_dir is None or not any(Path(params.data.concepts_dir).glob("*.parquet")):
+            raise ParamsError(f"data.concepts_dir: no Parquet files in {params.data.concepts_dir} (run the concepts stage first)")
+    init = params.model.init
+    if init != "scratch" and _looks_like_path(init) and not Path(init).exists():
+        raise ParamsError(f"model.init: {init} does not exist (a checkpoint path, an open_clip tag, or 'scratch')")
+    return config
+
+
+def _looks_like_path(init: str) -> bool:
+    return "/" in init or init.endswith((".safetensors", ".pt", ".pth", ".bin"))
+
+
+# --------------------------------------------------------------------------------------------------
+# data: a deterministic, resumable stream of WebDataset samples
+# --------------------------------------------------------------------------------------------------
+
+
+def load_phrases(concepts_dir: Path) -> dict[str, list[str]]:
+    """key -> noun phrases, from the concepts stage's Parquet files."""
+    phrases: dict[str, list[str]] = {}
+    for path in sorted(Path(concepts_dir).glob("*.parquet")):
+        table = pq.read_table(path, columns=["key", "phrases"])
+        for key, items in zip(table.column("key").to_pylist(), table.column("phrases").to_pylist()):
+            phrases[key] = list(items)
+    return phrases
+
+
+def sample_stream(shards: list[str], seed: int, rank: int, world: int, shuffle_buffer: int) -> Iterator[dict]:
+    """Endless raw samples for one rank: each epoch permutes the shards with (seed, epoch), deals them out
+    round-robin to the ranks, and shuffles samples in a buffer seeded by (seed, epoch, rank)."""
+    for epoch in range(sys.maxsize):
+        order = np.random.default_rng([seed, epoch]).permutation(len(shards))
+        mine = [shards[i] for i in order[rank::world]]
+        samples = wds.tariterators.tarfile_samples({"url": url} for url in mine)
+        rng = random.Random(f"{seed}:{epoch}:{rank}")
+        yield from wds.filters._shuffle(samples, bufsize=shuffle_buffer, initial=shuffle_buffer, rng=rng)
+
+
+class TrainBatches(IterableDataset):
+    """Micro-batches for one rank, from batch ``start`` on. With DataLoader workers, worker w decodes the
+    batches b ≡ w (mod workers): DataLoader takes batches from its workers in that same round-robin
+    order, so the sequence is identical for any number of workers."""
+
+    def __init__(self, params: TrainParams, shards: list[str], rank: int, world: int, start: int, transform, tokenizer, phrases):
+        self.params, self.shards, self.rank, self.world, self.start = params, shards, rank, world, start
+        self.transform, self.tokenizer, self.phrases = transform, tokenizer, phrases
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        p = self.params
+        size = p.micro_batch
+        stream = sample_stream(self.shards, p.seed, self.rank, self.world, p.data.shuffle_buffer)
+        stream = islice(stream, self.start * size, None)  # skipped samples are read, never decoded
+        index = self.start
+        while True:
+            chunk = list(islice(stream, size))
+            if (index - self.start) % workers == worker:
+                yield self.make_batch(chunk, index)
+            index += 1
+
+    def make_batch(self, samples: list[dict], index: int) -> dict[str, torch.Tensor]:
+        p = self.params
+        # crops depend on (seed, rank, batch index) only, not on which worker or how many came before
+        torch.manual_seed(hash((p.seed, self.rank, index)) % (2**63))
+        images, captions, phrases = [], [], []
+        for sample in samples:
+            key = sample["__key__"]
+            try:
+                meta = json.loads(sample["json"]) if "json" in sample else {}
+                caption = meta.get("captions", {}).get(p.data.caption_field)
+                if caption is None and p.data.caption_field == "txt" and "txt" in sample:
+                    caption = sample["txt"].decode()
+                if caption is None:
+                    raise KeyError(f"caption field {p.data.caption_field!r} missing")
+                image = Image.open(io.BytesIO(sample["jpg"])).convert("RGB")
+            except Exception as err:  # noqa: BLE001 - any broken sample: name it and stop
+                raise ValueError(f"{sample.get('__url__', '?')}: sample {key!r}: {err}") from err
+            images.append(self.transform(image))
+            captions.append(caption)
+            if self.phrases is not None:
+                if key not in self.phrases:
+                    raise KeyError(f"{sample.get('__url__', '?')}: sample {key!r} has no phrases in {p.data.concepts_dir}")
+                phrases.append(self.phrases[key])
+        batch = {"images": torch.stack(images), "texts": self.tokenizer(captions)}
+        if self.phrases is not None:
+            batch.update(concept_batch(phrases, self.tokenizer))
+        return batch
+
+
+# --------------------------------------------------------------------------------------------------
+# model, optimiser, schedule
+# --------------------------------------------------------------------------------------------------
+
+
+def build_model(params: TrainParams):
+    """(model, train transform, eval transform, tokenizer) from ``model.name`` and ``model.init``."""
+    init = params.model.init
+    if init == "scratch":
+        pretrained = None
+    elif Path(init).is_dir():
+        pretrained = str(Path(init) / EXPORT_WEIGHTS)
+    else:
+        pretrained = init
+    return create_model(params.model.name, pretrained=pretrained, aug_cfg={"scale": tuple(params.data.crop_scale)})
+
+
+def param_groups(module: torch.nn.Module, optim) -> list[dict]:
+    """AdamW groups: decay on matrices; none on gains, biases and the logit scale/bias (DESIGN.md), which
+    also get ``logit_lr_multiplier`` (a model trained from scratch needs them to move ~10× faster)."""
+    decay, no_decay, logit = [], [], []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        if "logit_scale" in name or "logit_bias" in name:
+            logit.append(p)
+        elif p.ndim < 2 or "bias" in name or "norm" in name or "ln_" in name:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [
+        {"params": decay, "weight_decay": optim.weight_decay, "lr": optim.lr},
+        {"params": no_decay, "weight_decay": 0.0, "lr": optim.lr},
+        {"params": logit, "weight_decay": 0.0, "lr": optim.lr * optim.logit_lr_multiplier},
+    ]
+
+
+def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """Linear warm-up to 1, then cosine to ``min_ratio`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoints and export
+# --------------------------------------------------------------------------------------------------
+
+
+def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
+    """What a checkpoint must match to be resumed: everything but the bookkeeping keys."""
+    payload = params.model_dump(mode="json", exclude={"checkpoint_every", "keep_checkpoints", "log_every", "zero_shot_eval", "torch_threads", "metrics_path", "plots_path"})
+    payload["data"].pop("workers")
+    return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params)}, [])
+
+
+def checkpoint_dir(params: TrainParams) -> Path:
+    return params.output_dir / "checkpoints"
+
+
+def latest_tag(ckpt_dir: Path) -> str | None:
+    latest = ckpt_dir / "latest"
+    return latest.read_text().strip() if latest.is_file() else None
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` step directories (never the one ``latest`` names)."""
+    current = latest_tag(ckpt_dir)
+    tags = sorted(p.name for p in ckpt_dir.glob("step*") if p.is_dir())
+    for tag in tags[:-keep]:
+        if tag != current:
+            shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def export_model(model: torch.nn.Module, name: str, out_dir: Path) -> Path:
+    """open_clip_config.json (model + preprocess config) and open_clip_model.safetensors, written to a
+    temporary directory and renamed into place. Loads with ``open_clip.create_model_and_transforms(
+    "local-dir:<out_dir>")``, or ``(name, pretrained=<out_dir>/open_clip_model.safetensors)`` for a name
+    open_clip knows."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model_cfg = open_clip.get_model_config(name)
+    # the 1-dim logit scale/bias are a DeepSpeed need; open_clip reshapes them into a default model
+    model_cfg.pop("nonscalar_logit_scale", None)
+    preprocess = dict(getattr(model.visual, "preprocess_cfg", {}) or {})
+    atomic_write_json(tmp / EXPORT_CONFIG, {"model_cfg": model_cfg, "preprocess_cfg": preprocess, "architecture": name})
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(tmp / EXPORT_WEIGHTS), metadata={"architecture": name})
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+# --------------------------------------------------------------------------------------------------
+# the ShapesWorld zero-shot check (the evaluate stage has the full suite)
+# --------------------------------------------------------------------------------------------------
+
+ZERO_SHOT_TEMPLATES = ["a {}.", "There is a small {}.", "There is a large {}.", "A picture of one shape: a {}."]
+
+
+@torch.no_grad()
+def shapesworld_zero_shot(model, tokenizer, transform, shards: list[str]) -> dict[str, float]:
+    """Top-1 over single-object test images, classes = every (color, shape) of the world, built with
+    open_clip's zero-shot classifier; also on the held-out (never trained) pairs alone."""
+    images, labels, held = [], [], []
+    colors, shapes = [], []
+    for sample in wds.WebDataset(shards, shardshuffle=False, empty_check=False):
+        meta = json.loads(sample["json"])
+        if meta.get("source") != "shapesworld":
+            return {}
+        for obj in meta["objects"]:
+            colors.append(obj["color"]) if obj["color"] not in colors else None
+            shapes.append(obj["shape"]) if obj["shape"] not in shapes else None
+        if len(meta["objects"]) != 1:
+            continue
+        obj = meta["objects"][0]
+        images.append(transform(Image.open(io.BytesIO(sample["jpg"])).convert("RGB")))
+        labels.append((obj["color"], obj["shape"]))
+        held.append(bool(meta.get("has_held_out_pair")))
+    if not images:
+        return {}
+    classes = [(c, s) for c in colors for s in shapes]
+    model.eval()
+    classifier = open_clip.build_zero_shot_classifier(
+        model, tokenizer, classnames=[f"{c} {s}" for c, s in classes], templates=ZERO_SHOT_TEMPLATES, num_classes_per_batch=16
+    )
+    features = torch.cat([model.encode_image(torch.stack(images[i:i + 256]), normalize=True) for i in range(0, len(images), 256)])
+    predicted = (features @ classifier).argmax(dim=1)
+    target = torch.tensor([classes.index(label) for label in labels])
+    correct = (predicted == target).float()
+    held_t = torch.tensor(held)
+    shape_ok = torch.tensor([classes[int(i)][1] == label[1] for i, label in zip(predicted, labels)]).float()
+    color_ok = torch.tensor([classes[int(i)][0] == label[0] for i, label in zip(predicted, labels)]).float()
+    out = {
+        "zero_shot_top1": correct.mean().item(),
+        "zero_shot_color_acc": color_ok.mean().item(),
+        "zero_shot_shape_acc": shape_ok.mean().item(),
+        "zero_shot_images": float(len(images)),
+    }
+    if held_t.any():
+        out["zero_shot_top1_held_out_pairs"] = correct[held_t].mean().item()
+        out["zero_shot_top1_seen_pairs"] = correct[~held_t].mean().item()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# tracking
+# --------------------------------------------------------------------------------------------------
+
+
+def default_tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlflow.db'}"
+
+
+def start_mlflow(params: TrainParams, stage: str):
+    import mlflow
+
+    mlflow.set_tracking_uri(default_tracking_uri())
+    if mlflow.get_experiment_by_name(params.mlflow_experiment) is None:
+        artifacts = os.environ.get("C2LIP_MLFLOW_ARTIFACTS") or (ROOT / "mlartifacts").as_uri()
+        mlflow.create_experiment(params.mlflow_experiment, artifact_location=artifacts)
+    mlflow.set_experiment(params.mlflow_experiment)
+    run = mlflow.start_run(run_name=f"{stage}-{params.preset}-{params.method.name}", log_system_metrics=True)
+    mlflow.log_params(flatten_params(params))
+    mlflow.set_tags({"stage": stage, "method": params.method.name, "preset": params.preset})
+    return mlflow, run
+
+
+def plot_losses(points: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    terms = [k for k in points[0] if k.endswith("_loss")]
+    for term in ["loss", *terms]:
+        ax.plot([p["step"] for p in points], [p[term] for p in points], label=term, lw=2 if term == "loss" else 1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+# --------------------------------------------------------------------------------------------------
+# one rank's training
+# --------------------------------------------------------------------------------------------------
+
+
+def train(params: TrainParams, stage: str) -> dict[str, float]:
+    """Train on this rank (the launcher started the others); rank 0 writes every output."""
+    import deepspeed
+
+    cuda = torch.cuda.is_available()
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    torch.set_num_threads(params.torch_threads or max(1, (os.cpu_count() or 1) // local_world))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    main = rank == 0
+    ds_config = deepspeed_config(params, world, cuda)
+    shards = expand_shards(params.data.shards)
+
+    random.seed(params.seed)
+    np.random.seed(params.seed)
+    torch.manual_seed(params.seed)  # identical initial weights on every rank
+    model, transform_train, transform_eval, tokenizer = build_model(params)
+    m = params.method
+    loss = C2LIPLoss(
+        contrastive=m.contrastive,
+        lambda_npc=m.lambda_npc if m.uses_concepts else 0.0,
+        lambda_xac=m.lambda_xac if m.uses_concepts else 0.0,
+        xac_temperature=m.xac_temperature,
+        xac_chunk=m.xac_chunk,
+        concept_logit=m.concept_logit,
+        init_logit_scale=float(model.logit_scale.detach().reshape(-1)[0]),
+        init_logit_bias=float(model.logit_bias.detach().reshape(-1)[0]) if getattr(model, "logit_bias", None) is not None else 0.0,
+    )
+    module = C2LIPModule(model, loss)
+    optimizer = torch.optim.AdamW(param_groups(module, params.optim), betas=params.optim.betas, eps=params.optim.eps)
+    o = params.optim
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, params.steps, o.warmup_steps, o.min_lr_ratio)
+    )
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+
+    # resume, or start afresh when the checkpoints belong to other params
+    ckpt_dir = checkpoint_dir(params)
+    current = run_fingerprint(params, shards)
+    fp_file = params.output_dir / "_fingerprint.json"
+    start_step = 0
+    if latest_tag(ckpt_dir) and fp_file.is_file() and json.loads(fp_file.read_text()).get("fingerprint") == current:
+        _, client = engine.load_checkpoint(str(ckpt_dir))
+        start_step = int(client["step"])
+        rng_file = ckpt_dir / latest_tag(ckpt_dir) / RNG_FILE.format(rank=rank)
+        if rng_file.is_file():
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        if main:
+            log.info("resumed from %s at step %d", ckpt_dir / latest_tag(ckpt_dir), start_step)
+    elif main:
+        if ckpt_dir.exists():
+            log.info("checkpoints in %s belong to other params: starting afresh", ckpt_dir)
+            shutil.rmtree(ckpt_dir)
+        atomic_write_json(fp_file, {"fingerprint": current})
+    dist.barrier()
+
+    phrases = load_phrases(params.data.concepts_dir) if m.uses_concepts else None
+    accumulation = ds_config["gradient_accumulation_steps"]
+    batches = TrainBatches(params, shards, rank, world, start_step * accumulation, transform_train, tokenizer, phrases)
+    loader = DataLoader(batches, batch_size=None, num_workers=params.data.workers, persistent_workers=False)
+    loader_iter = iter(loader)
+
+    tracker = start_mlflow(params, stage)[0] if main else None
+    plot_points: list[dict] = []
+    plots_path = params.plots_path
+    if start_step and plots_path.is_file():  # keep the curve of the steps before the kill
+        plot_points = [p for p in json.loads(plots_path.read_text())["loss"] if p["step"] <= start_step]
+    max_scale = math.log(params.optim.max_logit_scale)
+    bar = tqdm(total=params.steps, initial=start_step, desc=f"{stage} {m.name}", disable=not main, dynamic_ncols=True)
+    t0, samples_done, step = time.time(), 0, start_step
+    throughput = 0.0
+    while step < params.steps:
+        sums: dict[str, float] = {}
+        for _ in range(accumulation):
+            batch = {k: v.to(device, non_blocking=True) for k, v in next(loader_iter).items()}
+            terms = engine(**batch)
+            total = sum(terms.values())
+            engine.backward(total)
+            engine.step()
+            for k, v in terms.items():
+                sums[k] = sums.get(k, 0.0) + v.item() / accumulation
+            sums["loss"] = sums.get("loss", 0.0) + total.item() / accumulation
+        step += 1
+        with torch.no_grad():  # the paper clamps the logit scale to [0, ln 100]
+            engine.module.model.logit_scale.clamp_(0, max_scale)
+        samples_done += params.global_batch
+        throughput = samples_done / (time.time() - t0)
+        if main:
+            bar.update(1)
+            bar.set_postfix(loss=f"{sums['loss']:.3f}", samples_s=f"{throughput:.0f}")
+            if step % params.log_every == 0 or step == params.steps:
+                point = {"step": step, **{k: round(v, 5) for k, v in sums.items()}}
+                plot_points.append(point)
+                tracker.log_metrics({**sums, "lr": scheduler.get_last_lr()[0], "samples_per_s": throughput,
+                                     "logit_scale": engine.module.model.logit_scale.exp().item()}, step=step)
+        if step % params.checkpoint_every == 0 or step == params.steps:
+            save_checkpoint(engine, ckpt_dir, step, rank, params.keep_checkpoints, main)
+            if main:
+                atomic_write_json(plots_path, {"loss": plot_points})
+    bar.close()
+
+    result: dict[str, float] = {}
+    if main:
+        model = engine.module.model
+        export_dir = export_model(model, params.model.name, params.output_dir / "export")
+        result = {"steps": float(params.steps), "samples_per_s": throughput,
+                  **{f"final_{k}": v for k, v in sums.items()},
+                  "logit_scale": model.logit_scale.exp().item()}
+        if getattr(model, "logit_bias", None) is not None:
+            result["logit_bias"] = model.logit_bias.item()
+        if params.zero_shot_eval:
+            test_shards = [s for pattern in params.test_shards for s in sorted(glob.glob(pattern))]
+            if test_shards:
+                result.update(shapesworld_zero_shot(model, tokenizer, transform_eval, test_shards))
+        atomic_write_json(plots_path, {"loss": plot_points})
+        if plot_points:
+            plot_losses(plot_points, params.output_dir / "loss.png")
+        atomic_write_json(params.metrics_path, {k: round(v, 5) for k, v in result.items()})
+        tracker.log_metrics({k: v for k, v in result.items() if k.startswith("zero_shot")})
+        tracker.log_artifact(str(export_dir / EXPORT_CONFIG), "export")
+        if (params.output_dir / "loss.png").is_file():
+            tracker.log_artifact(str(params.output_dir / "loss.png"))
+        tracker.end_run()
+        log.info("exported %s; %s", export_dir, {k: round(v, 4) for k, v in result.items()})
+    dist.barrier()
+    return result
+
+
+def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, main: bool) -> None:
+    """DeepSpeed's checkpoint of step ``step``; each rank's RNG state is written first, so the ``latest``
+    pointer DeepSpeed writes last never names a checkpoint without one."""
+    tag = f"step{step:08d}"
+    (ckpt_dir / tag).mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(rng_state(), buf)
+    atomic_write_bytes(ckpt_dir / tag / RNG_FILE.format(rank=rank), buf.getvalue())
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step})
+    if main:
+        prune_checkpoints(ckpt_dir, keep)
+
+
+# --------------------------------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", type=Path, default=Path("params/train.yaml"), help="params YAML (train.yaml, base.yaml, or a preset)")
+    parser.add_argument("--stage", default=None, help="name recorded in MLflow (default: the params file's stem)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stage = args.stage or args.params.stem
+    try:
+        params = load_params("train", args.params)
+        preflight(params)
+    except ParamsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if "WORLD_SIZE" not in os.environ:
+        if params.processes > 1:  # not under a launcher: become one
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={params.processes}",
+                       "-m", "components.train", "--params", str(args.params), "--stage", stage]
+            return subprocess.call(command)
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    train(params, stage)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

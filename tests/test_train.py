@@ -1,0 +1,311 @@
+"""The train stage: checks before launch, the resumable data stream, optimiser groups, 1- and 2-process
+DeepSpeed runs, resume after kill -9, export that open_clip alone loads, MLflow tracking."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from conftest import REPO, tiny_captions
+from components import captions as captions_stage
+from components import train as train_stage
+from components.params import ParamsError, TrainParams, load_params
+from components.models import TINY_SIGLIP, create_model
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    """Tiny ShapesWorld shards (3 train, 1 test) and a concepts folder with each image's true phrases."""
+    root = tmp_path_factory.mktemp("train_data")
+    captions_stage.run(tiny_captions(root, shard_size=25, shapesworld={"train_images": 64, "test_images": 24}))
+    manifest = pq.read_table(root / "captions" / "manifest.parquet").to_pandas()
+    train = manifest[manifest.split == "train"]
+    (root / "concepts").mkdir()
+    pq.write_table(pa.table({"key": list(train.key), "phrases": [list(p) for p in train.object_phrases]}), root / "concepts" / "all.parquet")
+    return root
+
+
+@pytest.fixture(scope="module")
+def mlflow_env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    return {"MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}", "C2LIP_MLFLOW_ARTIFACTS": str(root / "artifacts")}
+
+
+def tiny_train(root: Path, out: Path, **overrides) -> dict:
+    """Train params for a few steps on the tiny data, writing under ``out``."""
+    cfg = {
+        "data": {"shards": [str(root / "captions" / "train" / "*.tar")], "concepts_dir": str(root / "concepts"),
+                 "shuffle_buffer": 16, "workers": 0},
+        "model": {"name": TINY_SIGLIP, "init": "scratch"},
+        "method": {"name": "c2lip"},
+        "optim": {"lr": 1e-3, "warmup_steps": 1},
+        "steps": 3, "global_batch": 8, "micro_batch": 8, "processes": 1, "torch_threads": 1,
+        "deepspeed_config": str(REPO / "infra" / "deepspeed" / "zero1_fp32.json"),
+        "output_dir": str(out), "metrics_path": str(out / "metrics.json"), "plots_path": str(out / "loss.json"),
+        "checkpoint_every": 2, "log_every": 1,
+        "test_shards": [str(root / "captions" / "test" / "*.tar")],
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            cfg[key] = {**cfg.get(key, {}), **value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def write_params(path: Path, cfg: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_stage(params_file: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, **env}
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "components.train", "--params", str(params_file)]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# --------------------------------------------------------------------------------------------------
+# before launch
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"processes": 2, "global_batch": 24, "micro_batch": 8}, "not divisible by world size 2 × micro_batch 8 = 16"),
+    ({"global_batch": 12, "micro_batch": 8}, "global_batch 12 is not divisible by micro_batch 8"),
+    ({"deepspeed_config": "infra/deepspeed/zero1_bf16.json"}, "enables bf16, but this machine has no CUDA GPU"),
+    ({"deepspeed_config": "infra/deepspeed/nope.json"}, "nope.json does not exist"),
+    ({"data": {"shards": ["/nonexistent/*.tar"]}}, "'/nonexistent/*.tar' matches no file"),
+    ({"data": {"concepts_dir": "/nonexistent"}}, "data.concepts_dir: no Parquet files in /nonexistent"),
+    ({"model": {"init": "/nonexistent/model.safetensors"}}, "model.init: /nonexistent/model.safetensors does not exist"),
+    ({"method": {"name": "c2lip", "lambda_npc": 0, "lambda_xac": 0}}, "method.lambda_npc > 0 or lambda_xac > 0"),
+])
+def test_inconsistent_settings_are_rejected_before_launch(tiny_data, tmp_path, capsys, overrides, message):
+    if torch.cuda.is_available() and "bf16" in message:
+        pytest.skip("this machine has a GPU, so bf16 is allowed")
+    params_file = write_params(tmp_path / "p.yaml", tiny_train(tiny_data, tmp_path / "out", **overrides))
+    assert train_stage.main(["--params", str(params_file)]) == 2
+    err = capsys.readouterr().err
+    assert message.replace("method.", "") in err
+    assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_a_deepspeed_config_may_not_set_what_our_params_own(tiny_data, tmp_path):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_batch_size": 64, "zero_optimization": {"stage": 1}}))
+    params = TrainParams.model_validate(tiny_train(tiny_data, tmp_path / "out", deepspeed_config=str(ds)))
+    with pytest.raises(ParamsError, match=r"sets \['train_batch_size'\]; these come from params"):
+        train_stage.preflight(params)
+
+
+def test_the_presets_load_and_validate():
+    default = load_params("train", REPO / "params" / "train.yaml")
+    base = load_params("train", REPO / "params" / "base.yaml")
+    paper = load_params("train", REPO / "params" / "presets" / "paper.yaml")
+    assert default.model.init == "models/base/export" and base.model.init == "scratch"
+    assert base.method.name == "siglip" and default.method.name == "c2lip"
+    assert (paper.model.name, paper.model.init, paper.global_batch, paper.micro_batch) == ("ViT-B-16-SigLIP", "webli", 768, 96)
+    assert paper.optim.lr == 1e-5 and paper.data.caption_field == "short"
+    # the paper's DeepSpeed config is bf16, which preflight accepts on GPUs only
+    config = json.loads((REPO / paper.deepspeed_config).read_text())
+    assert config["bf16"]["enabled"] and config["zero_optimization"]["stage"] == 1
+    for path in (REPO / "infra" / "deepspeed").glob("*.json"):
+        json.loads(path.read_text())
+
+
+# --------------------------------------------------------------------------------------------------
+# data stream, optimiser
+# --------------------------------------------------------------------------------------------------
+
+
+def _batches(data: Path, out: Path, start: int, count: int, workers: int, rank: int = 0, world: int = 1):
+    params = TrainParams.model_validate(tiny_train(data, out, data={"workers": workers}))
+    _, transform, _, tokenizer = create_model(TINY_SIGLIP)
+    shards = train_stage.expand_shards(params.data.shards)
+    phrases = train_stage.load_phrases(params.data.concepts_dir)
+    dataset = train_stage.TrainBatches(params, shards, rank, world, start, transform, tokenizer, phrases)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
+    it = iter(loader)
+    return [next(it) for _ in range(count)]
+
+
+def test_the_data_stream_resumes_at_the_same_batch_with_the_same_crops_for_any_worker_count(tiny_data, tmp_path):
+    full = _batches(tiny_data, tmp_path, start=0, count=12, workers=0)  # 12 × 8 > 64: crosses an epoch
+    resumed = _batches(tiny_data, tmp_path, start=9, count=3, workers=0)
+    two_workers = _batches(tiny_data, tmp_path, start=0, count=5, workers=2)
+    for a, b in zip(full[9:], resumed):
+        assert torch.equal(a["images"], b["images"]) and torch.equal(a["texts"], b["texts"])
+        assert torch.equal(a["phrase_tokens"], b["phrase_tokens"]) and torch.equal(a["phrase_image_index"], b["phrase_image_index"])
+    for a, b in zip(full, two_workers):
+        assert torch.equal(a["images"], b["images"]) and torch.equal(a["texts"], b["texts"])
+    # epochs differ in order, and phrase owners index into the batch
+    assert not torch.equal(full[0]["texts"], full[8]["texts"])
+    assert int(full[0]["phrase_image_index"].max()) < 8
+
+
+def test_ranks_read_disjoint_shards(tiny_data, tmp_path):
+    shards = train_stage.expand_shards([str(tiny_data / "captions" / "train" / "*.tar")])
+    take = lambda rank: [s["__key__"] for s, _ in zip(train_stage.sample_stream(shards, 0, rank, 2, 4), range(20))]
+    assert not set(take(0)) & set(take(1))
+
+
+def test_param_groups_and_schedule():
+    model, _, _, _ = create_model(TINY_SIGLIP)
+    params = TrainParams.model_validate({"optim": {"lr": 1e-3, "logit_lr_multiplier": 10, "weight_decay": 0.1}})
+    decay, no_decay, logit = train_stage.param_groups(model, params.optim)
+    assert {id(p) for p in logit["params"]} == {id(model.logit_scale), id(model.logit_bias)}
+    assert logit["lr"] == pytest.approx(1e-2) and logit["weight_decay"] == no_decay["weight_decay"] == 0
+    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    assert sum(len(g["params"]) for g in (decay, no_decay, logit)) == len(list(model.parameters()))
+    f = [train_stage.lr_factor(s, 100, 10, 0.1) for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0) and f[10] == pytest.approx(1.0)
+    assert f[99] == pytest.approx(0.1, abs=1e-3) and all(a >= b for a, b in zip(f[10:], f[11:]))
+
+
+def test_a_checkpoint_with_a_0dim_logit_scale_loads_into_the_1dim_model(tmp_path):
+    from safetensors.torch import save_file
+
+    model, _, _, _ = create_model(TINY_SIGLIP)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["logit_scale"] = torch.tensor(2.5)  # as in pretrained open_clip checkpoints
+    state["logit_bias"] = torch.tensor(-7.0)
+    save_file(state, str(tmp_path / "w.safetensors"))
+    loaded, _, _, _ = create_model(TINY_SIGLIP, pretrained=str(tmp_path / "w.safetensors"))
+    assert loaded.logit_scale.shape == (1,) and loaded.logit_scale.item() == pytest.approx(2.5)
+    assert loaded.logit_bias.item() == pytest.approx(-7.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# real DeepSpeed runs (subprocesses)
+# --------------------------------------------------------------------------------------------------
+
+
+def _weights_of_latest_checkpoint(out: Path) -> dict[str, torch.Tensor]:
+    ckpt = out / "checkpoints"
+    tag = (ckpt / "latest").read_text().strip()
+    state = torch.load(ckpt / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+
+
+@pytest.mark.slow
+def test_one_process_run_tracks_and_exports_a_model_open_clip_alone_loads(tiny_data, tmp_path, mlflow_env):
+    out = tmp_path / "out"
+    params_file = write_params(tmp_path / "p.yaml", tiny_train(tiny_data, out))
+    done = run_stage(params_file, mlflow_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 3 and np.isfinite(metrics["final_loss"]) and metrics["final_npc_loss"] > 0
+    assert 0 <= metrics["zero_shot_top1"] <= 1 and metrics["zero_shot_images"] > 0
+    curve = json.loads((out / "loss.json").read_text())["loss"]
+    assert [p["step"] for p in curve] == [1, 2, 3] and {"contrastive_loss", "npc_loss", "xac_loss"} <= set(curve[0])
+    assert (out / "loss.png").stat().st_size > 1000
+
+    # MLflow: params flattened from the pydantic model, per-term losses, the run finished
+    import mlflow
+
+    mlflow.set_tracking_uri(mlflow_env["MLFLOW_TRACKING_URI"])
+    runs = mlflow.search_runs(experiment_names=["c2lip"], output_format="list")
+    run = max(runs, key=lambda r: r.info.start_time)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["method.name"] == "c2lip" and run.data.params["optim.lr"] == "0.001"
+    for key in ("contrastive_loss", "npc_loss", "xac_loss", "lr", "samples_per_s", "zero_shot_top1"):
+        assert key in run.data.metrics, key
+    history = mlflow.tracking.MlflowClient().get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in history] == [1, 2, 3]
+
+    # the export loads with open_clip alone (a fresh interpreter that never imports our code) and
+    # gives the trained model's embeddings
+    probe = tmp_path / "probe.pt"
+    script = (
+        "import sys, torch, open_clip\n"
+        f"model, _, preprocess = open_clip.create_model_and_transforms('local-dir:{out / 'export'}')\n"
+        f"tok = open_clip.get_tokenizer('local-dir:{out / 'export'}')\n"
+        "torch.manual_seed(0); images = torch.randn(3, 3, 64, 64)\n"
+        "model.eval()\n"
+        "with torch.no_grad():\n"
+        "    out = {'image': model.encode_image(images), 'text': model.encode_text(tok(['a red circle', 'a blue cross']))}\n"
+        f"torch.save(out, {str(probe)!r})\n"
+        "assert 'components' not in sys.modules\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    reference, _, _, tok = create_model(TINY_SIGLIP)
+    reference.load_state_dict(_weights_of_latest_checkpoint(out))
+    reference.eval()
+    torch.manual_seed(0)
+    images = torch.randn(3, 3, 64, 64)
+    got = torch.load(probe)
+    with torch.no_grad():
+        assert torch.allclose(got["image"], reference.encode_image(images), atol=1e-5)
+        assert torch.allclose(got["text"], reference.encode_text(tok(["a red circle", "a blue cross"])), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_process_zero2_run_shards_the_optimizer_and_finishes(tiny_data, tmp_path, mlflow_env):
+    out = tmp_path / "out"
+    cfg = tiny_train(tiny_data, out, processes=2, global_batch=16, micro_batch=8, steps=2,
+                     deepspeed_config=str(REPO / "infra" / "deepspeed" / "zero2_fp32.json"), zero_shot_eval=False)
+    done = run_stage(write_params(tmp_path / "p.yaml", cfg), mlflow_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tag = (out / "checkpoints" / "latest").read_text().strip()
+    assert tag == "step00000002"
+    files = {p.name for p in (out / "checkpoints" / tag).iterdir()}
+    # ZeRO-2: each of the two ranks holds its own optimizer shard, and its own RNG state
+    assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+            "rng_rank0.pt", "rng_rank1.pt"} <= files
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 2 and np.isfinite(metrics["final_loss"])
+    assert (out / "export" / "open_clip_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(tiny_data, tmp_path, mlflow_env):
+    steps = dict(steps=6, checkpoint_every=2, zero_shot_eval=False, data={"workers": 1})
+    straight = tmp_path / "straight"
+    done = run_stage(write_params(tmp_path / "straight.yaml", tiny_train(tiny_data, straight, **steps)), mlflow_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    out = tmp_path / "killed"
+    params_file = write_params(tmp_path / "killed.yaml", tiny_train(tiny_data, out, **steps))
+    env = {**os.environ, **mlflow_env}
+    proc = subprocess.Popen([sys.executable, "-m", "components.train", "--params", str(params_file)], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = out / "checkpoints" / "latest"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not (latest.is_file() and latest.read_text().strip() == "step00000004"):
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert latest.read_text().strip() == "step00000004", "the run was not killed between its checkpoints"
+    assert not (out / "export").exists()
+
+    resumed = run_stage(params_file, mlflow_env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and "at step 4" in resumed.stderr
+    a, b = _weights_of_latest_checkpoint(straight), _weights_of_latest_checkpoint(out)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=1e-6), key
+    curve = json.loads((out / "loss.json").read_text())["loss"]
+    assert [p["step"] for p in curve] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.slow
+def test_changed_params_start_afresh_instead_of_resuming(tiny_data, tmp_path, mlflow_env):
+    out = tmp_path / "out"
+    first = run_stage(write_params(tmp_path / "a.yaml", tiny_train(tiny_data, out, steps=2, zero_shot_eval=False, method={"name": "siglip"})), mlflow_env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_stage(write_params(tmp_path / "b.yaml", tiny_train(tiny_data, out, steps=2, zero_shot_eval=False, optim={"lr": 5e-4}, method={"name": "siglip"})), mlflow_env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "belong to other params: starting afresh" in second.stderr and "resumed from" not in second.stderr
