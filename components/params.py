@@ -276,17 +276,28 @@ class TrainDataParams(Strict):
         Path("data/concepts/train"),
         description="The concepts stage's Parquet files (key -> phrases); needed when a concept loss is on.",
     )
-    caption_field: str = Field("long", pattern=_CAPTION_FIELD, description="Caption field trained on (a key of each sample's captions).")
+    caption_field: str | list[str] = Field(
+        "long",
+        description="Caption field trained on (a key of each sample's captions); a list picks one of them per "
+        "sample at random (seeded), as DreamLIP samples among its captions.",
+    )
     crop_scale: tuple[float, float] = Field((0.9, 1.0), description="RandomResizedCrop area range.")
     shuffle_buffer: int = Field(2000, ge=1, description="Samples in the seeded shuffle buffer (one per epoch and rank).")
     workers: int = Field(1, ge=0, description="DataLoader worker processes per rank (0: decode in the training process).")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainDataParams":
+        for field in self.caption_fields:
+            if not re.match(_CAPTION_FIELD, field):
+                raise ValueError(f"caption_field: {field!r} is not a valid field name")
         low, high = self.crop_scale
         if not 0 < low <= high <= 1:
             raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
         return self
+
+    @property
+    def caption_fields(self) -> list[str]:
+        return [self.caption_field] if isinstance(self.caption_field, str) else list(self.caption_field)
 
 
 class ModelParams(Strict):

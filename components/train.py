@@ -192,15 +192,18 @@ class TrainBatches(IterableDataset):
         # crops depend on (seed, rank, batch index) only, not on which worker or how many came before
         torch.manual_seed(hash((p.seed, self.rank, index)) % (2**63))
         images, captions, phrases = [], [], []
-        for sample in samples:
+        fields = p.data.caption_fields
+        picks = torch.randint(len(fields), (len(samples),)).tolist()
+        for sample, pick in zip(samples, picks):
             key = sample["__key__"]
+            field = fields[pick]
             try:
                 meta = json.loads(sample["json"]) if "json" in sample else {}
-                caption = meta.get("captions", {}).get(p.data.caption_field)
-                if caption is None and p.data.caption_field == "txt" and "txt" in sample:
+                caption = meta.get("captions", {}).get(field)
+                if caption is None and field == "txt" and "txt" in sample:
                     caption = sample["txt"].decode()
                 if caption is None:
-                    raise KeyError(f"caption field {p.data.caption_field!r} missing")
+                    raise KeyError(f"caption field {field!r} missing")
                 image = Image.open(io.BytesIO(sample["jpg"])).convert("RGB")
             except Exception as err:  # noqa: BLE001 - any broken sample: name it and stop
                 raise ValueError(f"{sample.get('__url__', '?')}: sample {key!r}: {err}") from err
@@ -518,8 +521,11 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
         step += 1
         with torch.no_grad():  # the paper clamps the logit scale to [0, ln 100]
             engine.module.model.logit_scale.clamp_(0, max_scale)
-        samples_done += params.global_batch
-        throughput = samples_done / (time.time() - t0)
+        if step == start_step + 1:  # throughput leaves out the first step (warm-up, first data reads)
+            t0, samples_done = time.time(), 0
+        else:
+            samples_done += params.global_batch
+            throughput = samples_done / (time.time() - t0)
         if main:
             bar.update(1)
             bar.set_postfix(loss=f"{sums['loss']:.3f}", samples_s=f"{throughput:.0f}")

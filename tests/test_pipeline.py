@@ -42,16 +42,22 @@ def test_ci_runs_the_readme_test_command():
 def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(tmp_path):
     work = tmp_path / "repo"
     work.mkdir()
-    for name in ("components", "params", ".dvc", "dvc.yaml", ".dvcignore", ".gitignore"):
+    for name in ("components", "params", "infra", ".dvc", "dvc.yaml", "dvc.lock", ".dvcignore", ".gitignore", "models/base"):
         src = REPO / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name, **({"ignore": shutil.ignore_patterns("checkpoints")} if src.is_dir() else {}))
     shutil.rmtree(work / ".dvc" / "tmp", ignore_errors=True)
     shutil.rmtree(work / ".dvc" / "cache", ignore_errors=True)
     params = yaml.safe_load((work / "params" / "captions.yaml").read_text())
     params["shapesworld"].update(train_images=40, test_images=10)
     params["shard_size"] = 20
     (work / "params" / "captions.yaml").write_text(yaml.safe_dump(params))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    train = yaml.safe_load((work / "params" / "train.yaml").read_text())
+    train.update(steps=2, global_batch=8, micro_batch=8, checkpoint_every=1, log_every=1, torch_threads=1)
+    train["data"].update(shuffle_buffer=8, workers=0)
+    (work / "params" / "train.yaml").write_text(yaml.safe_dump(train))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "C2LIP_MLFLOW_ARTIFACTS": str(tmp_path / "artifacts")}
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], cwd=work, check=True)
     subprocess.run([*git, "add", "-A"], cwd=work, check=True)
@@ -69,6 +75,11 @@ def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(tmp_path):
     concepts = yaml.safe_load((work / "metrics" / "concepts.json").read_text())
     assert concepts["captions"] == 40 and concepts["quality"]["long"]["recall"] >= 0.98
     assert len(list((work / "data" / "concepts" / "train").glob("shard-*.parquet"))) == 2
+    # the frozen base stage is not re-run: train fine-tunes the committed base export
+    assert "Running stage 'base'" not in first.stdout
+    trained = yaml.safe_load((work / "metrics" / "train.json").read_text())
+    assert trained["steps"] == 2 and 0 <= trained["zero_shot_top1"] <= 1
+    assert (work / "models" / "train" / "export" / "open_clip_model.safetensors").is_file()
 
     second = dvc("repro")
     assert second.returncode == 0
