@@ -310,6 +310,12 @@ class ModelParams(Strict):
         description="'scratch' (random), an open_clip pretrained tag ('webli'), or a checkpoint path "
         "(an exported safetensors file, or a directory with open_clip_config.json).",
     )
+    calibrate_logits: int = Field(
+        0,
+        ge=0,
+        description="Before the first step, fit the logit scale and bias to the sigmoid loss on this many "
+        "micro-batches with the model frozen (a softmax-trained base has an uncalibrated bias); 0: off.",
+    )
 
 
 class MethodParams(Strict):
@@ -368,6 +374,9 @@ class TrainParams(Strict):
     deepspeed_config: Path = Field(Path("infra/deepspeed/zero1_fp32.json"), description="DeepSpeed JSON (ZeRO stage, precision); batch sizes and the optimiser come from these params.")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads per process; 0: cores / processes.")
     output_dir: Path = Field(Path("models/train"), description="Checkpoints (checkpoints/) and the exported model (export/).")
+    export_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="Floating-point type of the exported weights (float16 halves a committed base model)."
+    )
     checkpoint_every: int = Field(100, ge=1, description="Steps between DeepSpeed checkpoints (one is also written at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
     metrics_path: Path = Field(Path("metrics/train.json"), description="Final metrics JSON (DVC metrics).")

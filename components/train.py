@@ -264,6 +264,45 @@ def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+@torch.no_grad()
+def _similarities(model, batches) -> list[torch.Tensor]:
+    sims = []
+    for batch in batches:
+        images = model.encode_image(batch["images"], normalize=True)
+        texts = model.encode_text(batch["texts"], normalize=True)
+        sims.append(images @ texts.T)
+    return sims
+
+
+def calibrate_logits(model, batches, max_log_scale: float) -> tuple[float, float]:
+    """Fit (log s, b) of the sigmoid loss on frozen embeddings of ``batches``: L-BFGS on two numbers.
+
+    A base trained with the softmax loss never needed a bias (it cancels in a softmax), so fine-tuning it
+    with the sigmoid loss would otherwise spend its first hundreds of steps moving s and b."""
+    was_training = model.training
+    model.eval()
+    sims = _similarities(model, batches)
+    model.train(was_training)
+    log_scale = model.logit_scale.detach().reshape(-1)[:1].clone().requires_grad_()
+    bias = (model.logit_bias.detach().reshape(-1)[:1].clone() if getattr(model, "logit_bias", None) is not None
+            else torch.zeros(1)).requires_grad_()
+    opt = torch.optim.LBFGS([log_scale, bias], lr=0.5, max_iter=100, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        total = 0.0
+        for sim in sims:
+            labels = 2 * torch.eye(sim.shape[0]) - 1
+            logits = log_scale.clamp(0, max_log_scale).exp() * sim + bias
+            total = total - torch.nn.functional.logsigmoid(labels * logits).sum() / sim.shape[0]
+        total = total / len(sims)
+        total.backward()
+        return total
+
+    opt.step(closure)
+    return float(log_scale.detach().clamp(0, max_log_scale)), float(bias.detach())
+
+
 # --------------------------------------------------------------------------------------------------
 # checkpoints and export
 # --------------------------------------------------------------------------------------------------
@@ -271,7 +310,7 @@ def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
 
 def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
     """What a checkpoint must match to be resumed: everything but the bookkeeping keys."""
-    payload = params.model_dump(mode="json", exclude={"checkpoint_every", "keep_checkpoints", "log_every", "zero_shot_eval", "torch_threads", "metrics_path", "plots_path"})
+    payload = params.model_dump(mode="json", exclude={"checkpoint_every", "keep_checkpoints", "log_every", "zero_shot_eval", "torch_threads", "metrics_path", "plots_path", "export_dtype", "test_shards", "mlflow_experiment"})
     payload["data"].pop("workers")
     return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params)}, [])
 
@@ -307,7 +346,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def export_model(model: torch.nn.Module, name: str, out_dir: Path) -> Path:
+def export_model(model: torch.nn.Module, name: str, out_dir: Path, dtype: str = "float32") -> Path:
     """open_clip_config.json (model + preprocess config) and open_clip_model.safetensors, written to a
     temporary directory and renamed into place. Loads with ``open_clip.create_model_and_transforms(
     "local-dir:<out_dir>")``, or ``(name, pretrained=<out_dir>/open_clip_model.safetensors)`` for a name
@@ -323,7 +362,8 @@ def export_model(model: torch.nn.Module, name: str, out_dir: Path) -> Path:
     model_cfg.pop("nonscalar_logit_scale", None)
     preprocess = dict(getattr(model.visual, "preprocess_cfg", {}) or {})
     atomic_write_json(tmp / EXPORT_CONFIG, {"model_cfg": model_cfg, "preprocess_cfg": preprocess, "architecture": name})
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    cast = getattr(torch, dtype)
+    state = {k: (v.to(cast) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(tmp / EXPORT_WEIGHTS), metadata={"architecture": name})
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
@@ -454,6 +494,24 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
     torch.manual_seed(params.seed)  # identical initial weights on every rank
     model, transform_train, transform_eval, tokenizer = build_model(params)
     m = params.method
+    ckpt_dir = checkpoint_dir(params)
+    current = run_fingerprint(params, shards)
+    fp_file = params.output_dir / "_fingerprint.json"
+    resuming = bool(latest_tag(ckpt_dir)) and fp_file.is_file() and json.loads(fp_file.read_text()).get("fingerprint") == current
+    if params.model.calibrate_logits and not resuming:  # a resumed run has its s and b in the checkpoint
+        calibration = TrainBatches(params, shards, rank, world, 0, transform_train, tokenizer, None)
+        batches = list(islice(iter(calibration), params.model.calibrate_logits))
+        log_scale, bias = calibrate_logits(model, batches, math.log(params.optim.max_logit_scale))
+        # every rank starts from rank 0's fit, so the replicas stay identical
+        fitted = torch.tensor([log_scale, bias])
+        if dist.get_world_size() > 1:
+            dist.broadcast(fitted, src=0)
+        with torch.no_grad():
+            model.logit_scale.fill_(float(fitted[0]))
+            if getattr(model, "logit_bias", None) is not None:
+                model.logit_bias.fill_(float(fitted[1]))
+        if main:
+            log.info("calibrated on %d batches: logit scale %.2f, bias %.2f", len(batches), math.exp(fitted[0]), fitted[1])
     loss = C2LIPLoss(
         contrastive=m.contrastive,
         lambda_npc=m.lambda_npc if m.uses_concepts else 0.0,
@@ -473,11 +531,8 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
 
     # resume, or start afresh when the checkpoints belong to other params
-    ckpt_dir = checkpoint_dir(params)
-    current = run_fingerprint(params, shards)
-    fp_file = params.output_dir / "_fingerprint.json"
     start_step = 0
-    if latest_tag(ckpt_dir) and fp_file.is_file() and json.loads(fp_file.read_text()).get("fingerprint") == current:
+    if resuming:
         _, client = engine.load_checkpoint(str(ckpt_dir))
         start_step = int(client["step"])
         rng_file = ckpt_dir / latest_tag(ckpt_dir) / RNG_FILE.format(rank=rank)
@@ -543,7 +598,12 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
     result: dict[str, float] = {}
     if main:
         model = engine.module.model
-        export_dir = export_model(model, params.model.name, params.output_dir / "export")
+        export_dir = export_model(model, params.model.name, params.output_dir / "export", params.export_dtype)
+        if params.export_dtype != "float32":  # the figures below describe the exported (rounded) weights
+            with torch.no_grad():
+                for tensor in [*model.parameters(), *model.buffers()]:
+                    if tensor.is_floating_point():
+                        tensor.copy_(tensor.to(getattr(torch, params.export_dtype)))
         result = {"steps": float(params.steps), "samples_per_s": throughput,
                   **{f"final_{k}": v for k, v in sums.items()},
                   "logit_scale": model.logit_scale.exp().item()}

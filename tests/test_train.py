@@ -20,7 +20,7 @@ from conftest import REPO, tiny_captions
 from components import captions as captions_stage
 from components import train as train_stage
 from components.params import ParamsError, TrainParams, load_params
-from components.models import TINY_SIGLIP, create_model
+from components.models import TINY_RN, TINY_SIGLIP, create_model
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def tiny_train(root: Path, out: Path, **overrides) -> dict:
     cfg = {
         "data": {"shards": [str(root / "captions" / "train" / "*.tar")], "concepts_dir": str(root / "concepts"),
                  "shuffle_buffer": 16, "workers": 0},
-        "model": {"name": TINY_SIGLIP, "init": "scratch"},
+        "model": {"name": TINY_RN, "init": "scratch"},
         "method": {"name": "c2lip"},
         "optim": {"lr": 1e-3, "warmup_steps": 1},
         "steps": 3, "global_batch": 8, "micro_batch": 8, "processes": 1, "torch_threads": 1,
@@ -240,7 +240,7 @@ def test_one_process_run_tracks_and_exports_a_model_open_clip_alone_loads(tiny_d
     )
     loaded = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
-    reference, _, _, tok = create_model(TINY_SIGLIP)
+    reference, _, _, tok = create_model(TINY_RN)
     reference.load_state_dict(_weights_of_latest_checkpoint(out))
     reference.eval()
     torch.manual_seed(0)
@@ -309,3 +309,65 @@ def test_changed_params_start_afresh_instead_of_resuming(tiny_data, tmp_path, ml
     second = run_stage(write_params(tmp_path / "b.yaml", tiny_train(tiny_data, out, steps=2, zero_shot_eval=False, optim={"lr": 5e-4}, method={"name": "siglip"})), mlflow_env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "belong to other params: starting afresh" in second.stderr and "resumed from" not in second.stderr
+
+
+def test_logit_calibration_fits_scale_and_bias_to_the_sigmoid_loss():
+    """Frozen embeddings whose matching pairs have cosine 0.6 and others 0.1: the fitted bias must put
+    the decision boundary between them, and the sigmoid loss must fall from the uncalibrated start."""
+
+    class Frozen(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.logit_scale = torch.nn.Parameter(torch.tensor([np.log(10.0)], dtype=torch.float32))
+            self.logit_bias = torch.nn.Parameter(torch.tensor([-10.0]))
+
+        def encode_image(self, x, normalize=True):
+            return x
+
+        def encode_text(self, t, normalize=True):
+            return t
+
+    n, d = 16, 64
+    g = torch.Generator().manual_seed(0)
+    base = torch.nn.functional.normalize(torch.randn(n, d, generator=g), dim=-1)
+    # text_i = a·image_i + b·shared: cos(i, i) ≈ 0.6, cos(i, j) ≈ 0.1 for random high-dim images
+    shared = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)
+    texts = torch.nn.functional.normalize(0.6 * base + 0.3 * shared, dim=-1)
+    batches = [{"images": base, "texts": texts}]
+    model = Frozen()
+
+    def loss(log_s, b):
+        sim = base @ texts.T
+        labels = 2 * torch.eye(n) - 1
+        return -torch.nn.functional.logsigmoid(labels * (np.exp(log_s) * sim + b)).sum().item() / n
+
+    before = loss(np.log(10.0), -10.0)
+    log_s, b = train_stage.calibrate_logits(model, batches, np.log(100.0))
+    sim = base @ texts.T
+    positives, negatives = sim.diag(), sim[~torch.eye(n, dtype=torch.bool)]
+    s = np.exp(log_s)
+    assert s * negatives.max() + b < 0 < s * positives.min() + b  # separates the pairs it was fitted on
+    assert loss(log_s, b) < before / 5
+    assert log_s <= np.log(100.0) + 1e-6
+
+
+def test_a_float16_export_halves_the_file_and_loads_into_a_float32_model(tmp_path):
+    import open_clip
+    from safetensors import safe_open
+
+    model, _, _, tokenizer = create_model(TINY_RN)
+    model.eval()
+    full = train_stage.export_model(model, TINY_RN, tmp_path / "fp32")
+    half = train_stage.export_model(model, TINY_RN, tmp_path / "fp16", "float16")
+    size = lambda d: (d / train_stage.EXPORT_WEIGHTS).stat().st_size
+    assert size(half) < 0.55 * size(full)
+    with safe_open(str(half / train_stage.EXPORT_WEIGHTS), "pt") as f:
+        assert f.get_tensor("logit_scale").dtype == torch.float16
+        assert f.get_tensor("visual.bn1.num_batches_tracked").dtype == torch.int64  # integers stay integers
+    loaded, _, _ = open_clip.create_model_and_transforms(f"local-dir:{half}")
+    loaded.eval()
+    assert loaded.logit_scale.dtype == torch.float32
+    texts = tokenizer(["a red circle", "a small blue cross on a white background"])
+    with torch.no_grad():
+        a, b = model.encode_text(texts, normalize=True), loaded.encode_text(texts, normalize=True)
+    assert torch.allclose(a, b, atol=1e-2) and not torch.equal(a, b)
