@@ -52,13 +52,13 @@ def _images(n=6, seed=1):
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [TINY_SIGLIP, TINY_CLIP])
+@pytest.mark.parametrize("name", [TINY_SIGLIP, TINY_CLIP, TINY_RN])
 def test_tiny_configs_are_open_clip_models_with_1d_logit_scale(name):
     model, tokenizer = _model(name)
     assert name in open_clip.list_models()
     assert model.logit_scale.shape == (1,)
-    assert (model.logit_bias is not None) == (name == TINY_SIGLIP)
-    assert tokenizer(["a red circle"]).shape == (1, 77)
+    assert (model.logit_bias is not None) == (name != TINY_CLIP)
+    assert tokenizer(["a red circle"]).shape == (1, 64 if name == TINY_RN else 77)
 
 
 @pytest.mark.parametrize("name", [TINY_SIGLIP, TINY_CLIP])

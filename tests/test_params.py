@@ -52,7 +52,8 @@ def test_every_dvc_params_key_exists_in_the_schema():
             for file, keys in entry.items():
                 stem = file.removeprefix("params/").removesuffix(".yaml")
                 assert stem in STAGES, f"stage {stage_name}: {file} is not a stage params file"
-                for key in keys:
+                load_params(stem, REPO / file)  # the file itself validates
+                for key in keys or []:  # no keys: the whole file is a dependency
                     assert _has_key(STAGES[stem], key), f"stage {stage_name}: {file}:{key} is not in the schema"
                     checked += 1
     assert checked > 0
