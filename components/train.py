@@ -387,9 +387,11 @@ def shapesworld_zero_shot(model, tokenizer, transform, shards: list[str]) -> dic
         meta = json.loads(sample["json"])
         if meta.get("source") != "shapesworld":
             return {}
-        for obj in meta["objects"]:
-            colors.append(obj["color"]) if obj["color"] not in colors else None
-            shapes.append(obj["shape"]) if obj["shape"] not in shapes else None
+        for obj in meta["objects"]:  # the world's vocabulary, in order of appearance
+            if obj["color"] not in colors:
+                colors.append(obj["color"])
+            if obj["shape"] not in shapes:
+                shapes.append(obj["shape"])
         if len(meta["objects"]) != 1:
             continue
         obj = meta["objects"][0]
@@ -554,6 +556,8 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
     loader_iter = iter(loader)
 
     tracker = start_mlflow(params, stage)[0] if main else None
+    if main and start_step:
+        tracker.set_tag("resumed_from_step", start_step)
     plot_points: list[dict] = []
     plots_path = params.plots_path
     if start_step and plots_path.is_file():  # keep the curve of the steps before the kill
@@ -561,7 +565,7 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
     max_scale = math.log(params.optim.max_logit_scale)
     bar = tqdm(total=params.steps, initial=start_step, desc=f"{stage} {m.name}", disable=not main, dynamic_ncols=True)
     t0, samples_done, step = time.time(), 0, start_step
-    throughput = 0.0
+    throughput, sums = 0.0, {}
     while step < params.steps:
         sums: dict[str, float] = {}
         for _ in range(accumulation):
