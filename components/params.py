@@ -383,6 +383,7 @@ class TrainParams(Strict):
     plots_path: Path = Field(Path("metrics/train_loss.json"), description="Loss curve JSON (DVC plots).")
     log_every: int = Field(10, ge=1, description="Steps between logged loss points.")
     zero_shot_eval: bool = Field(True, description="After training, zero-shot top-1 on ShapesWorld single-object test images (when the data is ShapesWorld).")
+    zero_shot_every: int = Field(0, ge=0, description="Steps between zero-shot checks during training (logged and plotted); 0: only at the end.")
     test_shards: list[str] = Field(default_factory=lambda: ["data/captions/test/*.tar"], description="Shards for the zero-shot check.")
     mlflow_experiment: str = Field("c2lip", min_length=1, description="MLflow experiment name (tracking URI from MLFLOW_TRACKING_URI, else mlruns.db).")
 

@@ -310,7 +310,7 @@ def calibrate_logits(model, batches, max_log_scale: float) -> tuple[float, float
 
 def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
     """What a checkpoint must match to be resumed: everything but the bookkeeping keys."""
-    payload = params.model_dump(mode="json", exclude={"checkpoint_every", "keep_checkpoints", "log_every", "zero_shot_eval", "torch_threads", "metrics_path", "plots_path", "export_dtype", "test_shards", "mlflow_experiment"})
+    payload = params.model_dump(mode="json", exclude={"checkpoint_every", "keep_checkpoints", "log_every", "zero_shot_eval", "zero_shot_every", "torch_threads", "metrics_path", "plots_path", "export_dtype", "test_shards", "mlflow_experiment"})
     payload["data"].pop("workers")
     return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params)}, [])
 
@@ -377,51 +377,65 @@ def export_model(model: torch.nn.Module, name: str, out_dir: Path, dtype: str = 
 ZERO_SHOT_TEMPLATES = ["a {}.", "There is a small {}.", "There is a large {}.", "A picture of one shape: a {}."]
 
 
-@torch.no_grad()
-def shapesworld_zero_shot(model, tokenizer, transform, shards: list[str]) -> dict[str, float]:
-    """Top-1 over single-object test images, classes = every (color, shape) of the world, built with
-    open_clip's zero-shot classifier; also on the held-out (never trained) pairs alone."""
-    images, labels, held = [], [], []
-    colors, shapes = [], []
-    for sample in wds.WebDataset(shards, shardshuffle=False, empty_check=False):
-        meta = json.loads(sample["json"])
-        if meta.get("source") != "shapesworld":
+class ShapesWorldZeroShot:
+    """Top-1 over the single-object test images, classes = every (color, shape) of the world, built with
+    open_clip's zero-shot classifier; also on the held-out (never trained) pairs alone. The images are
+    decoded once, so the check can run every few steps during training."""
+
+    def __init__(self, shards: list[str], transform):
+        self.images, self.labels, self.held = [], [], []
+        colors, shapes = [], []
+        for sample in wds.WebDataset(shards, shardshuffle=False, empty_check=False):
+            meta = json.loads(sample["json"])
+            if meta.get("source") != "shapesworld":
+                break  # another source: no ground truth to classify against
+            for obj in meta["objects"]:  # the world's vocabulary, in order of appearance
+                if obj["color"] not in colors:
+                    colors.append(obj["color"])
+                if obj["shape"] not in shapes:
+                    shapes.append(obj["shape"])
+            if len(meta["objects"]) == 1:
+                obj = meta["objects"][0]
+                self.images.append(transform(Image.open(io.BytesIO(sample["jpg"])).convert("RGB")))
+                self.labels.append((obj["color"], obj["shape"]))
+                self.held.append(bool(meta.get("has_held_out_pair")))
+        self.classes = [(c, s) for c in colors for s in shapes]
+
+    def __bool__(self) -> bool:
+        return bool(self.images)
+
+    @torch.no_grad()
+    def __call__(self, model, tokenizer) -> dict[str, float]:
+        if not self:
             return {}
-        for obj in meta["objects"]:  # the world's vocabulary, in order of appearance
-            if obj["color"] not in colors:
-                colors.append(obj["color"])
-            if obj["shape"] not in shapes:
-                shapes.append(obj["shape"])
-        if len(meta["objects"]) != 1:
-            continue
-        obj = meta["objects"][0]
-        images.append(transform(Image.open(io.BytesIO(sample["jpg"])).convert("RGB")))
-        labels.append((obj["color"], obj["shape"]))
-        held.append(bool(meta.get("has_held_out_pair")))
-    if not images:
-        return {}
-    classes = [(c, s) for c in colors for s in shapes]
-    model.eval()
-    classifier = open_clip.build_zero_shot_classifier(
-        model, tokenizer, classnames=[f"{c} {s}" for c, s in classes], templates=ZERO_SHOT_TEMPLATES, num_classes_per_batch=16
-    )
-    features = torch.cat([model.encode_image(torch.stack(images[i:i + 256]), normalize=True) for i in range(0, len(images), 256)])
-    predicted = (features @ classifier).argmax(dim=1)
-    target = torch.tensor([classes.index(label) for label in labels])
-    correct = (predicted == target).float()
-    held_t = torch.tensor(held)
-    shape_ok = torch.tensor([classes[int(i)][1] == label[1] for i, label in zip(predicted, labels)]).float()
-    color_ok = torch.tensor([classes[int(i)][0] == label[0] for i, label in zip(predicted, labels)]).float()
-    out = {
-        "zero_shot_top1": correct.mean().item(),
-        "zero_shot_color_acc": color_ok.mean().item(),
-        "zero_shot_shape_acc": shape_ok.mean().item(),
-        "zero_shot_images": float(len(images)),
-    }
-    if held_t.any():
-        out["zero_shot_top1_held_out_pairs"] = correct[held_t].mean().item()
-        out["zero_shot_top1_seen_pairs"] = correct[~held_t].mean().item()
-    return out
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        classifier = open_clip.build_zero_shot_classifier(
+            model, tokenizer, classnames=[f"{c} {s}" for c, s in self.classes], templates=ZERO_SHOT_TEMPLATES,
+            num_classes_per_batch=16, device=device,
+        )
+        features = torch.cat([model.encode_image(torch.stack(self.images[i:i + 256]).to(device), normalize=True)
+                              for i in range(0, len(self.images), 256)])
+        model.train(was_training)
+        predicted = [self.classes[int(i)] for i in (features @ classifier).argmax(dim=1)]
+        correct = torch.tensor([p == t for p, t in zip(predicted, self.labels)], dtype=torch.float)
+        held = torch.tensor(self.held)
+        out = {
+            "zero_shot_top1": correct.mean().item(),
+            "zero_shot_color_acc": sum(p[0] == t[0] for p, t in zip(predicted, self.labels)) / len(predicted),
+            "zero_shot_shape_acc": sum(p[1] == t[1] for p, t in zip(predicted, self.labels)) / len(predicted),
+            "zero_shot_images": float(len(predicted)),
+        }
+        if held.any():
+            out["zero_shot_top1_held_out_pairs"] = correct[held].mean().item()
+            out["zero_shot_top1_seen_pairs"] = correct[~held].mean().item()
+        return out
+
+
+def shapesworld_zero_shot(model, tokenizer, transform, shards: list[str]) -> dict[str, float]:
+    """One zero-shot check (see :class:`ShapesWorldZeroShot`); {} when the shards are not ShapesWorld."""
+    return ShapesWorldZeroShot(shards, transform)(model, tokenizer)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -461,7 +475,14 @@ def plot_losses(points: list[dict], path: Path) -> None:
     ax.set_ylabel("loss")
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="lower left")
+    checks = [p for p in points if "zero_shot_top1" in p]
+    if checks:
+        right = ax.twinx()
+        right.plot([p["step"] for p in checks], [p["zero_shot_top1"] for p in checks], "o-", color="black", label="zero-shot top-1")
+        right.set_ylim(0, 1)
+        right.set_ylabel("zero-shot top-1 (single objects)")
+        right.legend(loc="upper right")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -555,6 +576,10 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
     loader = DataLoader(batches, batch_size=None, num_workers=params.data.workers, persistent_workers=False)
     loader_iter = iter(loader)
 
+    zero_shot = None
+    if main and params.zero_shot_eval:
+        test_shards = [s for pattern in params.test_shards for s in sorted(glob.glob(pattern))]
+        zero_shot = ShapesWorldZeroShot(test_shards, transform_eval) if test_shards else None
     tracker = start_mlflow(params, stage)[0] if main else None
     if main and start_step:
         tracker.set_tag("resumed_from_step", start_step)
@@ -588,11 +613,19 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
         if main:
             bar.update(1)
             bar.set_postfix(loss=f"{sums['loss']:.3f}", samples_s=f"{throughput:.0f}")
-            if step % params.log_every == 0 or step == params.steps:
+            check = bool(zero_shot) and params.zero_shot_every and step % params.zero_shot_every == 0 and step < params.steps
+            if check or step % params.log_every == 0 or step == params.steps:
                 point = {"step": step, **{k: round(v, 5) for k, v in sums.items()}}
+                metrics = {**sums, "lr": scheduler.get_last_lr()[0], "samples_per_s": throughput,
+                           "logit_scale": engine.module.model.logit_scale.exp().item()}
+                if check:  # rank 0 evaluates; the others wait at the next collective
+                    started = time.time()
+                    figures = zero_shot(engine.module.model, tokenizer)
+                    t0 += time.time() - started  # not training time
+                    metrics.update(figures)
+                    point["zero_shot_top1"] = round(figures["zero_shot_top1"], 4)
                 plot_points.append(point)
-                tracker.log_metrics({**sums, "lr": scheduler.get_last_lr()[0], "samples_per_s": throughput,
-                                     "logit_scale": engine.module.model.logit_scale.exp().item()}, step=step)
+                tracker.log_metrics(metrics, step=step)
         if step % params.checkpoint_every == 0 or step == params.steps:
             save_checkpoint(engine, ckpt_dir, step, rank, params.keep_checkpoints, main)
             if main:
@@ -613,10 +646,10 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
                   "logit_scale": model.logit_scale.exp().item()}
         if getattr(model, "logit_bias", None) is not None:
             result["logit_bias"] = model.logit_bias.item()
-        if params.zero_shot_eval:
-            test_shards = [s for pattern in params.test_shards for s in sorted(glob.glob(pattern))]
-            if test_shards:
-                result.update(shapesworld_zero_shot(model, tokenizer, transform_eval, test_shards))
+        if zero_shot:
+            result.update(zero_shot(model, tokenizer))
+        if "zero_shot_top1" in result and plot_points and plot_points[-1]["step"] == params.steps:
+            plot_points[-1]["zero_shot_top1"] = round(result["zero_shot_top1"], 4)
         atomic_write_json(plots_path, {"loss": plot_points})
         if plot_points:
             plot_losses(plot_points, params.output_dir / "loss.png")

@@ -201,7 +201,7 @@ def _weights_of_latest_checkpoint(out: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 def test_one_process_run_tracks_and_exports_a_model_open_clip_alone_loads(tiny_data, tmp_path, mlflow_env):
     out = tmp_path / "out"
-    params_file = write_params(tmp_path / "p.yaml", tiny_train(tiny_data, out))
+    params_file = write_params(tmp_path / "p.yaml", tiny_train(tiny_data, out, zero_shot_every=2))
     done = run_stage(params_file, mlflow_env)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -209,6 +209,9 @@ def test_one_process_run_tracks_and_exports_a_model_open_clip_alone_loads(tiny_d
     assert 0 <= metrics["zero_shot_top1"] <= 1 and metrics["zero_shot_images"] > 0
     curve = json.loads((out / "loss.json").read_text())["loss"]
     assert [p["step"] for p in curve] == [1, 2, 3] and {"contrastive_loss", "npc_loss", "xac_loss"} <= set(curve[0])
+    # the zero-shot check ran during training (step 2) and at the end, and is on the curve
+    assert "zero_shot_top1" not in curve[0] and 0 <= curve[1]["zero_shot_top1"] <= 1
+    assert curve[2]["zero_shot_top1"] == pytest.approx(metrics["zero_shot_top1"], abs=1e-4)
     assert (out / "loss.png").stat().st_size > 1000
 
     # MLflow: params flattened from the pydantic model, per-term losses, the run finished
@@ -221,8 +224,9 @@ def test_one_process_run_tracks_and_exports_a_model_open_clip_alone_loads(tiny_d
     assert run.data.params["method.name"] == "c2lip" and run.data.params["optim.lr"] == "0.001"
     for key in ("contrastive_loss", "npc_loss", "xac_loss", "lr", "samples_per_s", "zero_shot_top1"):
         assert key in run.data.metrics, key
-    history = mlflow.tracking.MlflowClient().get_metric_history(run.info.run_id, "loss")
-    assert [m.step for m in history] == [1, 2, 3]
+    client = mlflow.tracking.MlflowClient()
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3]
+    assert 2 in [m.step for m in client.get_metric_history(run.info.run_id, "zero_shot_top1")]
 
     # the export loads with open_clip alone (a fresh interpreter that never imports our code) and
     # gives the trained model's embeddings
