@@ -310,7 +310,7 @@ def calibrate_logits(model, batches, max_log_scale: float) -> tuple[float, float
 
 def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
     """What a checkpoint must match to be resumed: everything but the bookkeeping keys."""
-    payload = params.model_dump(mode="json", exclude={"checkpoint_every", "keep_checkpoints", "log_every", "zero_shot_eval", "zero_shot_every", "torch_threads", "metrics_path", "plots_path", "export_dtype", "test_shards", "mlflow_experiment"})
+    payload = params.model_dump(mode="json", exclude={"output_dir", "checkpoint_every", "keep_checkpoints", "log_every", "zero_shot_eval", "zero_shot_every", "torch_threads", "metrics_path", "plots_path", "export_dtype", "test_shards", "mlflow_experiment"})
     payload["data"].pop("workers")
     return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params)}, [])
 
