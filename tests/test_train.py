@@ -375,3 +375,11 @@ def test_a_float16_export_halves_the_file_and_loads_into_a_float32_model(tmp_pat
     with torch.no_grad():
         a, b = model.encode_text(texts, normalize=True), loaded.encode_text(texts, normalize=True)
     assert torch.allclose(a, b, atol=1e-2) and not torch.equal(a, b)
+
+
+def test_pruning_keeps_the_newest_checkpoints_and_never_the_one_latest_names(tmp_path):
+    for step in (1, 2, 3, 4):
+        (tmp_path / f"step{step:08d}").mkdir()
+    (tmp_path / "latest").write_text("step00000001")  # e.g. a save that has not finished its pointer
+    train_stage.prune_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step*")) == ["step00000001", "step00000003", "step00000004"]
