@@ -482,7 +482,7 @@ def plot_losses(points: list[dict], path: Path) -> None:
         right.plot([p["step"] for p in checks], [p["zero_shot_top1"] for p in checks], "o-", color="black", label="zero-shot top-1")
         right.set_ylim(0, 1)
         right.set_ylabel("zero-shot top-1 (single objects)")
-        right.legend(loc="upper right")
+        right.legend(loc="center right")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -554,10 +554,11 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
 
     # resume, or start afresh when the checkpoints belong to other params
-    start_step = 0
+    start_step, resumed_figures = 0, {}
     if resuming:
         _, client = engine.load_checkpoint(str(ckpt_dir))
         start_step = int(client["step"])
+        resumed_figures = client.get("figures", {})
         rng_file = ckpt_dir / latest_tag(ckpt_dir) / RNG_FILE.format(rank=rank)
         if rng_file.is_file():
             set_rng_state(torch.load(rng_file, weights_only=False))
@@ -590,7 +591,8 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
     max_scale = math.log(params.optim.max_logit_scale)
     bar = tqdm(total=params.steps, initial=start_step, desc=f"{stage} {m.name}", disable=not main, dynamic_ncols=True)
     t0, samples_done, step = time.time(), 0, start_step
-    throughput, sums = 0.0, {}
+    # a run resumed at its last step reports the figures its checkpoint recorded
+    throughput, sums = resumed_figures.get("samples_per_s", 0.0), dict(resumed_figures.get("losses", {}))
     while step < params.steps:
         sums: dict[str, float] = {}
         for _ in range(accumulation):
@@ -627,7 +629,8 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
                 plot_points.append(point)
                 tracker.log_metrics(metrics, step=step)
         if step % params.checkpoint_every == 0 or step == params.steps:
-            save_checkpoint(engine, ckpt_dir, step, rank, params.keep_checkpoints, main)
+            save_checkpoint(engine, ckpt_dir, step, rank, params.keep_checkpoints, main,
+                            figures={"losses": sums, "samples_per_s": throughput})
             if main:
                 atomic_write_json(plots_path, {"loss": plot_points})
     bar.close()
@@ -664,7 +667,7 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
     return result
 
 
-def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, main: bool) -> None:
+def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, main: bool, figures: dict | None = None) -> None:
     """DeepSpeed's checkpoint of step ``step``; each rank's RNG state is written first, so the ``latest``
     pointer DeepSpeed writes last never names a checkpoint without one."""
     tag = f"step{step:08d}"
@@ -672,7 +675,7 @@ def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, mai
     buf = io.BytesIO()
     torch.save(rng_state(), buf)
     atomic_write_bytes(ckpt_dir / tag / RNG_FILE.format(rank=rank), buf.getvalue())
-    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step})
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step, "figures": figures or {}})
     if main:
         prune_checkpoints(ckpt_dir, keep)
 
