@@ -30,6 +30,7 @@ def run(method: str, steps: int, work: Path) -> float:
     cfg.update(steps=steps, output_dir=str(out), metrics_path=str(out / "metrics.json"),
                plots_path=str(out / "loss.json"), checkpoint_every=10**6, zero_shot_eval=False)
     cfg["method"]["name"] = method
+    work.mkdir(parents=True, exist_ok=True)
     params = work / f"{method}.yaml"
     params.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
