@@ -1,0 +1,123 @@
+"""The benchmark suite's metrics (DESIGN.md "Benchmark formats"), as pure functions of similarity scores.
+
+The evaluate stage encodes images and texts and hands these functions cosine similarities; nothing
+here reads files or models, so every metric is tested exactly on hand-made scores. Ties count as wrong
+everywhere, as the official SugarCrepe script does (`>` not `>=`): a model that gives a caption and
+its negative the same score has not told them apart.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_same_shape(**tensors: torch.Tensor) -> int:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"scores must have one shape, got {shapes}")
+    n = next(iter(tensors.values())).shape[0]
+    if n == 0:
+        raise ValueError("no items: an empty benchmark has no score")
+    return n
+
+
+def pairwise_accuracy(positive: torch.Tensor, negative: torch.Tensor) -> float:
+    """SugarCrepe, ARO relation/attribution items: mean[s(image, caption) > s(image, negative)]."""
+    _check_same_shape(positive=positive, negative=negative)
+    return (positive > negative).float().mean().item()
+
+
+def sugarcrepe_pp(image_p1: torch.Tensor, image_p2: torch.Tensor, image_n: torch.Tensor,
+                  p1_p2: torch.Tensor, p1_n: torch.Tensor, p2_n: torch.Tensor) -> dict[str, float]:
+    """SugarCrepe++: ITT = both positive captions beat the negative for the image; TOT = the two
+    positives are closer to each other than either is to the negative (text only)."""
+    _check_same_shape(image_p1=image_p1, image_p2=image_p2, image_n=image_n, p1_p2=p1_p2, p1_n=p1_n, p2_n=p2_n)
+    itt = (image_p1 > image_n) & (image_p2 > image_n)
+    tot = (p1_p2 > p1_n) & (p1_p2 > p2_n)
+    return {"itt": itt.float().mean().item(), "tot": tot.float().mean().item()}
+
+
+def hard_positives(caption: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) -> dict[str, float]:
+    """Hard positives (arXiv 2409.17958), scores of the image with c, c_p and c_n: original accuracy
+    mean[s(c) > s(c_n)], augmented accuracy mean[s(c) > s(c_n) and s(c_p) > s(c_n)], brittleness
+    mean[c_n ranked strictly between c and c_p]."""
+    _check_same_shape(caption=caption, positive=positive, negative=negative)
+    low, high = torch.minimum(caption, positive), torch.maximum(caption, positive)
+    return {
+        "original_acc": (caption > negative).float().mean().item(),
+        "augmented_acc": ((caption > negative) & (positive > negative)).float().mean().item(),
+        "brittleness": ((low < negative) & (negative < high)).float().mean().item(),
+    }
+
+
+def macro_accuracy(correct: torch.Tensor, groups: list[str]) -> dict[str, float]:
+    """ARO VG-Relation / VG-Attribution: the mean over groups (relations, attribute pairs) of each
+    group's accuracy, so frequent relations do not dominate; also the plain (micro) mean."""
+    if len(groups) != correct.shape[0]:
+        raise ValueError(f"{correct.shape[0]} results but {len(groups)} group labels")
+    if not groups:
+        raise ValueError("no items: an empty benchmark has no score")
+    per_group: dict[str, list[float]] = {}
+    for ok, group in zip(correct.float().tolist(), groups):
+        per_group.setdefault(group, []).append(ok)
+    means = [sum(v) / len(v) for v in per_group.values()]
+    return {"macro_acc": sum(means) / len(means), "micro_acc": correct.float().mean().item(), "groups": float(len(means))}
+
+
+def order_precision_at_1(true_caption: torch.Tensor, shuffled: torch.Tensor) -> float:
+    """ARO COCO/Flickr order: the true caption must score above every one of its shuffles ([N] and [N, k])."""
+    if shuffled.ndim != 2 or shuffled.shape[0] != true_caption.shape[0]:
+        raise ValueError(f"shuffled scores must be [N, k] with N = {true_caption.shape[0]}, got {tuple(shuffled.shape)}")
+    if true_caption.shape[0] == 0:
+        raise ValueError("no items: an empty benchmark has no score")
+    return (true_caption > shuffled.max(dim=1).values).float().mean().item()
+
+
+def winoground(scores: torch.Tensor) -> dict[str, float]:
+    """Winoground-style pairs, ``scores[n, i, c]`` = s(image_i, caption_c) of pair n: text score (each
+    image prefers its own caption), image score (each caption prefers its own image), group (both)."""
+    if scores.ndim != 3 or scores.shape[1:] != (2, 2):
+        raise ValueError(f"scores must be [N, 2, 2] (pair, image, caption), got {tuple(scores.shape)}")
+    if scores.shape[0] == 0:
+        raise ValueError("no items: an empty benchmark has no score")
+    s = scores
+    text = (s[:, 0, 0] > s[:, 0, 1]) & (s[:, 1, 1] > s[:, 1, 0])
+    image = (s[:, 0, 0] > s[:, 1, 0]) & (s[:, 1, 1] > s[:, 0, 1])
+    return {"text": text.float().mean().item(), "image": image.float().mean().item(), "group": (text & image).float().mean().item()}
+
+
+def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> dict[str, float]:
+    """Zero-shot classification: the true class counts as within the top k only when fewer than k classes
+    score at least as high as it (a tie with a wrong class is a miss)."""
+    if logits.ndim != 2 or logits.shape[0] != labels.shape[0]:
+        raise ValueError(f"logits must be [N, classes] with N = {labels.shape[0]}, got {tuple(logits.shape)}")
+    if labels.shape[0] == 0:
+        raise ValueError("no items: an empty benchmark has no score")
+    target = logits.gather(1, labels[:, None])
+    rank = (logits >= target).sum(dim=1) - 1  # other classes at least as high as the true one
+    return {f"top{k}": (rank < k).float().mean().item() for k in ks}
+
+
+def retrieval_recall(similarity: torch.Tensor, text_image: torch.Tensor, ks: tuple[int, ...] = (1, 5, 10)) -> dict[str, float]:
+    """Retrieval (Karpathy splits): ``similarity`` [images, texts], ``text_image`` [texts] the image of
+    each caption. image→text R@k: one of the image's captions is among its k best texts; text→image
+    R@k: the caption's image is among its k best images. Ties rank pessimistically."""
+    n_images, n_texts = similarity.shape
+    if text_image.shape != (n_texts,):
+        raise ValueError(f"text_image must hold one image index per text ({n_texts}), got {tuple(text_image.shape)}")
+    if n_images == 0 or n_texts == 0:
+        raise ValueError("no items: an empty benchmark has no score")
+    own = text_image[None, :] == torch.arange(n_images)[:, None]  # [images, texts]
+    if not own.any(dim=1).all():
+        raise ValueError("every image needs at least one caption")
+    # text→image: rank of the caption's own image among all images
+    true_t2i = similarity.gather(0, text_image[None, :]).squeeze(0)  # [texts]
+    rank_t2i = (similarity >= true_t2i[None, :]).sum(dim=0) - 1
+    # image→text: rank of the image's best-scoring own caption among all texts
+    best_own = similarity.masked_fill(~own, float("-inf")).max(dim=1).values  # [images]
+    rank_i2t = (similarity.masked_fill(own, float("-inf")) >= best_own[:, None]).sum(dim=1)
+    out = {}
+    for k in ks:
+        out[f"image_to_text_r{k}"] = (rank_i2t < k).float().mean().item()
+        out[f"text_to_image_r{k}"] = (rank_t2i < k).float().mean().item()
+    return out
