@@ -161,7 +161,7 @@ def sample_stream(shards: list[str], seed: int, rank: int, world: int, shuffle_b
         mine = [shards[i] for i in order[rank::world]]
         samples = wds.tariterators.tarfile_samples({"url": url} for url in mine)
         rng = random.Random(f"{seed}:{epoch}:{rank}")
-        yield from wds.filters._shuffle(samples, bufsize=shuffle_buffer, initial=shuffle_buffer, rng=rng)
+        yield from wds.filters.shuffle(bufsize=shuffle_buffer, initial=shuffle_buffer, rng=rng)(samples)
 
 
 class TrainBatches(IterableDataset):
