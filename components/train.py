@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPORT_CONFIG = "open_clip_config.json"
 EXPORT_WEIGHTS = "open_clip_model.safetensors"
 RNG_FILE = "rng_rank{rank}.pt"
+HISTORY_FILE = "loss_history.json"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -308,11 +309,17 @@ def calibrate_logits(model, batches, max_log_scale: float) -> tuple[float, float
 # --------------------------------------------------------------------------------------------------
 
 
+# the code that decides what a step computes: a checkpoint made by other code is not resumed
+TRAINING_CODE = [Path(__file__), Path(__file__).with_name("method.py"), Path(__file__).with_name("models.py"),
+                 *sorted(Path(__file__).with_name("model_configs").glob("*.json"))]
+
+
 def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
-    """What a checkpoint must match to be resumed: everything but the bookkeeping keys."""
+    """What a checkpoint must match to be resumed: the params but the bookkeeping keys, the shards, the
+    world size and the training code (as the captions stage does: a resumed run never mixes two versions)."""
     payload = params.model_dump(mode="json", exclude={"output_dir", "checkpoint_every", "keep_checkpoints", "log_every", "zero_shot_eval", "zero_shot_every", "torch_threads", "metrics_path", "plots_path", "export_dtype", "test_shards", "mlflow_experiment"})
     payload["data"].pop("workers")
-    return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params)}, [])
+    return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params)}, TRAINING_CODE)
 
 
 def checkpoint_dir(params: TrainParams) -> Path:
@@ -586,8 +593,9 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
         tracker.set_tag("resumed_from_step", start_step)
     plot_points: list[dict] = []
     plots_path = params.plots_path
-    if start_step and plots_path.is_file():  # keep the curve of the steps before the kill
-        plot_points = [p for p in json.loads(plots_path.read_text())["loss"] if p["step"] <= start_step]
+    history = ckpt_dir / str(latest_tag(ckpt_dir)) / HISTORY_FILE
+    if start_step and history.is_file():  # the curve of the steps before the kill (DVC removed the plots file)
+        plot_points = [p for p in json.loads(history.read_text()) if p["step"] <= start_step]
     max_scale = math.log(params.optim.max_logit_scale)
     bar = tqdm(total=params.steps, initial=start_step, desc=f"{stage} {m.name}", disable=not main, dynamic_ncols=True)
     t0, samples_done, step = time.time(), 0, start_step
@@ -630,7 +638,7 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
                 tracker.log_metrics(metrics, step=step)
         if step % params.checkpoint_every == 0 or step == params.steps:
             save_checkpoint(engine, ckpt_dir, step, rank, params.keep_checkpoints, main,
-                            figures={"losses": sums, "samples_per_s": throughput})
+                            figures={"losses": sums, "samples_per_s": throughput}, history=plot_points)
             if main:
                 atomic_write_json(plots_path, {"loss": plot_points})
     bar.close()
@@ -667,11 +675,14 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
     return result
 
 
-def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, main: bool, figures: dict | None = None) -> None:
-    """DeepSpeed's checkpoint of step ``step``; each rank's RNG state is written first, so the ``latest``
-    pointer DeepSpeed writes last never names a checkpoint without one."""
+def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, main: bool,
+                    figures: dict | None = None, history: list[dict] | None = None) -> None:
+    """DeepSpeed's checkpoint of step ``step``; each rank's RNG state (and rank 0's loss history) is
+    written first, so the ``latest`` pointer DeepSpeed writes last never names an incomplete checkpoint."""
     tag = f"step{step:08d}"
     (ckpt_dir / tag).mkdir(parents=True, exist_ok=True)
+    if main and history is not None:
+        atomic_write_json(ckpt_dir / tag / HISTORY_FILE, history)
     buf = io.BytesIO()
     torch.save(rng_state(), buf)
     atomic_write_bytes(ckpt_dir / tag / RNG_FILE.format(rank=rank), buf.getvalue())

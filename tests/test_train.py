@@ -294,6 +294,7 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(tiny_data
     assert latest.read_text().strip() == "step00000004", "the run was not killed between its checkpoints"
     assert not (out / "export").exists()
 
+    (out / "loss.json").unlink()  # DVC removes a stage's non-persistent outputs before re-running it
     resumed = run_stage(params_file, mlflow_env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr and "at step 4" in resumed.stderr
@@ -303,6 +304,14 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(tiny_data
         assert torch.allclose(a[key], b[key], atol=1e-6), key
     curve = json.loads((out / "loss.json").read_text())["loss"]
     assert [p["step"] for p in curve] == [1, 2, 3, 4, 5, 6]
+
+    # a re-run of the finished stage (DVC deleted its outputs) trains nothing and writes them all again
+    for name in ("loss.json", "loss.png", "metrics.json"):
+        (out / name).unlink()
+    again = run_stage(params_file, mlflow_env)
+    assert again.returncode == 0 and "at step 6" in again.stderr, again.stderr[-3000:]
+    assert [p["step"] for p in json.loads((out / "loss.json").read_text())["loss"]] == [1, 2, 3, 4, 5, 6]
+    assert (out / "loss.png").is_file() and json.loads((out / "metrics.json").read_text())["steps"] == 6
 
 
 @pytest.mark.slow
