@@ -440,11 +440,6 @@ class ShapesWorldZeroShot:
         return out
 
 
-def shapesworld_zero_shot(model, tokenizer, transform, shards: list[str]) -> dict[str, float]:
-    """One zero-shot check (see :class:`ShapesWorldZeroShot`); {} when the shards are not ShapesWorld."""
-    return ShapesWorldZeroShot(shards, transform)(model, tokenizer)
-
-
 # --------------------------------------------------------------------------------------------------
 # tracking
 # --------------------------------------------------------------------------------------------------
