@@ -51,6 +51,7 @@ from components.atomic import atomic_write_bytes, atomic_write_json, fingerprint
 from components.method import C2LIPLoss, C2LIPModule, concept_batch
 from components.models import create_model
 from components.params import ParamsError, TrainParams, flatten_params, load_params
+from components.tracking import use_experiment
 
 log = logging.getLogger("c2lip.train")
 ROOT = Path(__file__).resolve().parent.parent
@@ -445,18 +446,8 @@ class ShapesWorldZeroShot:
 # --------------------------------------------------------------------------------------------------
 
 
-def default_tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlflow.db'}"
-
-
 def start_mlflow(params: TrainParams, stage: str):
-    import mlflow
-
-    mlflow.set_tracking_uri(default_tracking_uri())
-    if mlflow.get_experiment_by_name(params.mlflow_experiment) is None:
-        artifacts = os.environ.get("C2LIP_MLFLOW_ARTIFACTS") or (ROOT / "mlartifacts").as_uri()
-        mlflow.create_experiment(params.mlflow_experiment, artifact_location=artifacts)
-    mlflow.set_experiment(params.mlflow_experiment)
+    mlflow = use_experiment(params.mlflow_experiment)
     run = mlflow.start_run(run_name=f"{stage}-{params.preset}-{params.method.name}", log_system_metrics=True)
     mlflow.log_params(flatten_params(params))
     mlflow.set_tags({"stage": stage, "method": params.method.name, "preset": params.preset})

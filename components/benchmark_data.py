@@ -1,0 +1,450 @@
+"""Readers of the benchmark suite's official file formats (DESIGN.md "Benchmark formats").
+
+Each reader turns one benchmark's files into a :class:`Task`: the images it needs (a file, optionally a
+box to crop), the texts it needs, the per-item indices into both, and how to score the items from the
+image and text embeddings (the metrics of :mod:`components.benchmark_metrics`). Tasks never encode
+anything themselves, so the evaluate stage can encode each image file once for all of them.
+
+Bad input raises :class:`BenchmarkError` naming the file and the item (index or key) and the reason;
+an empty benchmark is an error, never a score.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from components import benchmark_metrics as bm
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+
+
+class BenchmarkError(ValueError):
+    """A benchmark file that cannot be used: names the file, the item and the reason."""
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """An image file, optionally cropped to ``box`` = (x, y, w, h) in pixels (ARO's VG boxes)."""
+
+    path: Path
+    box: tuple[float, float, float, float] | None = None
+
+
+@dataclass
+class Task:
+    """One benchmark, ready to score. ``score(images, texts, items)`` gets this task's image embeddings
+    [len(images), D] and text embeddings [len(texts), D] (L2-normalised) and the items to score
+    (None: all) and returns its metrics. ``held_out`` flags items about unseen combinations."""
+
+    name: str  # e.g. "sugarcrepe/swap_att"
+    group: str  # compositional | zero_shot | retrieval: the report's summary groups
+    headline: str  # the metric charted and averaged into the summary
+    images: list[ImageRef]
+    texts: list[str]
+    items: int
+    score: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], dict[str, float]]
+    held_out: list[bool] | None = None
+    source: str = ""  # the file(s) read, for messages and the report
+    needs_classifier: dict[str, Any] | None = None  # zero-shot: classnames + templates
+    classifier: torch.Tensor | None = None  # zero-shot: [D, classes], built per model
+
+
+class _Index:
+    """Builds a task's image and text lists, giving each distinct entry one index."""
+
+    def __init__(self) -> None:
+        self.images: dict[ImageRef, int] = {}
+        self.texts: dict[str, int] = {}
+
+    def image(self, ref: ImageRef) -> int:
+        return self.images.setdefault(ref, len(self.images))
+
+    def text(self, text: str) -> int:
+        return self.texts.setdefault(text, len(self.texts))
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise BenchmarkError(f"{path}: file not found")
+    try:
+        if path.suffix == ".jsonl":
+            rows = []
+            for n, line in enumerate(path.read_text().splitlines()):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as err:
+                        raise BenchmarkError(f"{path}: line {n + 1} is not valid JSON ({err.msg})") from None
+            return rows
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise BenchmarkError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    except UnicodeDecodeError as err:
+        raise BenchmarkError(f"{path}: not UTF-8 text ({err.reason})") from None
+
+
+def _field(path: Path, where: str, item: Any, key: str, kind: type | tuple[type, ...] = str) -> Any:
+    if not isinstance(item, dict):
+        raise BenchmarkError(f"{path}: item {where} is a {type(item).__name__}, expected an object")
+    if key not in item:
+        raise BenchmarkError(f"{path}: item {where} has no {key!r} (keys: {sorted(item)})")
+    value = item[key]
+    if not isinstance(value, kind) or (isinstance(value, str) and not value.strip()):
+        raise BenchmarkError(f"{path}: item {where}: {key!r} must be a non-empty {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def _nonempty(path: Path, n: int) -> None:
+    if n == 0:
+        raise BenchmarkError(f"{path}: no items (an empty benchmark has no score)")
+
+
+def _held(item: dict) -> bool:
+    return bool(item.get("held_out", False))
+
+
+def _flags(flags: list[bool]) -> list[bool] | None:
+    return flags if any(flags) else None
+
+
+def _pick(t: torch.Tensor, items: torch.Tensor | None) -> torch.Tensor:
+    return t if items is None else t[items]
+
+
+def _pair_scores(img: torch.Tensor, txt: torch.Tensor, i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return (img[i] * txt[t]).sum(-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# SugarCrepe, SugarCrepe++, hard positives
+# --------------------------------------------------------------------------------------------------
+
+
+def _items_of(path: Path, data: Any) -> list[tuple[str, Any]]:
+    """(label, item) pairs of a dict "0","1",… (SugarCrepe) or of a list (the others)."""
+    if isinstance(data, dict):
+        return [(f"{k!r}", v) for k, v in data.items()]
+    if isinstance(data, list):
+        return [(str(n), v) for n, v in enumerate(data)]
+    raise BenchmarkError(f"{path}: expected a JSON object or list of items, got {type(data).__name__}")
+
+
+def sugarcrepe(path: Path, image_root: Path, name: str) -> Task:
+    """SugarCrepe subset: dict "0".. → {filename, caption, negative_caption}; acc = mean[s(I,P) > s(I,N)]."""
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise BenchmarkError(f"{path}: SugarCrepe files are a JSON object of items keyed \"0\", \"1\", …; got {type(data).__name__}")
+    idx, img, pos, neg, held = _Index(), [], [], [], []
+    for where, item in _items_of(path, data):
+        img.append(idx.image(ImageRef(image_root / _field(path, where, item, "filename"))))
+        pos.append(idx.text(_field(path, where, item, "caption")))
+        neg.append(idx.text(_field(path, where, item, "negative_caption")))
+        held.append(_held(item))
+    _nonempty(path, len(img))
+    i, p, n = torch.tensor(img), torch.tensor(pos), torch.tensor(neg)
+
+    def score(I, T, items):
+        return {"acc": bm.pairwise_accuracy(_pair_scores(I, T, _pick(i, items), _pick(p, items)),
+                                            _pair_scores(I, T, _pick(i, items), _pick(n, items)))}
+
+    return Task(name, "compositional", "acc", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
+
+
+def sugarcrepe_pp(path: Path, image_root: Path, name: str) -> Task:
+    """SugarCrepe++ subset: list of {id, filename, caption, caption2, negative_caption}; ITT and TOT."""
+    data = _read_json(path)
+    idx, img, p1, p2, neg, held = _Index(), [], [], [], [], []
+    for where, item in _items_of(path, data):
+        img.append(idx.image(ImageRef(image_root / _field(path, where, item, "filename"))))
+        p1.append(idx.text(_field(path, where, item, "caption")))
+        p2.append(idx.text(_field(path, where, item, "caption2")))
+        neg.append(idx.text(_field(path, where, item, "negative_caption")))
+        held.append(_held(item))
+    _nonempty(path, len(img))
+    i, a, b, n = (torch.tensor(x) for x in (img, p1, p2, neg))
+
+    def score(I, T, items):
+        ii, aa, bb, nn = (_pick(x, items) for x in (i, a, b, n))
+        return bm.sugarcrepe_pp(
+            _pair_scores(I, T, ii, aa), _pair_scores(I, T, ii, bb), _pair_scores(I, T, ii, nn),
+            (T[aa] * T[bb]).sum(-1), (T[aa] * T[nn]).sum(-1), (T[bb] * T[nn]).sum(-1),
+        )
+
+    return Task(name, "compositional", "itt", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
+
+
+def hard_positives(original_path: Path, swapped_path: Path, image_root: Path, name: str) -> Task:
+    """Hard positives: originals (c, c_n) and the aligned swapped file (c_p, c_n), lists of
+    {image_id, true_caption, false_caption, image_path}; original/augmented accuracy, brittleness."""
+    original, swapped = _read_json(original_path), _read_json(swapped_path)
+    for path, data in ((original_path, original), (swapped_path, swapped)):
+        if not isinstance(data, list):
+            raise BenchmarkError(f"{path}: expected a JSON list of items, got {type(data).__name__}")
+    if len(original) != len(swapped):
+        raise BenchmarkError(f"{swapped_path}: {len(swapped)} items, but {original_path} has {len(original)}; the two files must be aligned")
+    idx, img, cap, hpos, neg, held = _Index(), [], [], [], [], []
+    for n, (a, b) in enumerate(zip(original, swapped)):
+        image = _field(original_path, str(n), a, "image_path")
+        if _field(swapped_path, str(n), b, "image_path") != image:
+            raise BenchmarkError(f"{swapped_path}: item {n} is for image {b['image_path']!r} but {original_path} item {n} for {image!r}; the files are not aligned")
+        if _field(swapped_path, str(n), b, "false_caption") != _field(original_path, str(n), a, "false_caption"):
+            raise BenchmarkError(f"{swapped_path}: item {n} has another false_caption than {original_path} item {n}; the files are not aligned")
+        img.append(idx.image(ImageRef(image_root / image)))
+        cap.append(idx.text(_field(original_path, str(n), a, "true_caption")))
+        hpos.append(idx.text(_field(swapped_path, str(n), b, "true_caption")))
+        neg.append(idx.text(a["false_caption"]))
+        held.append(_held(a))
+    _nonempty(original_path, len(img))
+    i, c, cp, cn = (torch.tensor(x) for x in (img, cap, hpos, neg))
+
+    def score(I, T, items):
+        ii = _pick(i, items)
+        return bm.hard_positives(_pair_scores(I, T, ii, _pick(c, items)), _pair_scores(I, T, ii, _pick(cp, items)),
+                                 _pair_scores(I, T, ii, _pick(cn, items)))
+
+    return Task(name, "compositional", "augmented_acc", list(idx.images), list(idx.texts), len(img), score, _flags(held),
+                f"{original_path} + {swapped_path.name}")
+
+
+# --------------------------------------------------------------------------------------------------
+# ARO
+# --------------------------------------------------------------------------------------------------
+
+
+def aro_vg(path: Path, image_root: Path, name: str, kind: str) -> Task:
+    """ARO VG-Relation (``kind="relation"``, grouped by relation_name) or VG-Attribution (grouped by the
+    attribute pair): each image cropped to its bbox; macro accuracy over the groups."""
+    data = _read_json(path)
+    if not isinstance(data, list):
+        raise BenchmarkError(f"{path}: expected a JSON list of items, got {type(data).__name__}")
+    idx, img, pos, neg, groups, held = _Index(), [], [], [], [], []
+    for n, item in enumerate(data):
+        where = str(n)
+        box = tuple(float(_field(path, where, item, k, (int, float))) for k in ("bbox_x", "bbox_y", "bbox_w", "bbox_h"))
+        if box[2] <= 0 or box[3] <= 0:
+            raise BenchmarkError(f"{path}: item {n}: bbox width and height must be positive, got {box}")
+        img.append(idx.image(ImageRef(image_root / _field(path, where, item, "image_path"), box)))
+        pos.append(idx.text(_field(path, where, item, "true_caption")))
+        neg.append(idx.text(_field(path, where, item, "false_caption")))
+        if kind == "relation":
+            groups.append(_field(path, where, item, "relation_name"))
+        else:
+            groups.append("-".join(str(a) for a in _field(path, where, item, "attributes", list)))
+        held.append(_held(item))
+    _nonempty(path, len(img))
+    i, p, q = torch.tensor(img), torch.tensor(pos), torch.tensor(neg)
+
+    def score(I, T, items):
+        ii = _pick(i, items)
+        correct = _pair_scores(I, T, ii, _pick(p, items)) > _pair_scores(I, T, ii, _pick(q, items))
+        chosen = groups if items is None else [groups[k] for k in items.tolist()]
+        return bm.macro_accuracy(correct, chosen)
+
+    return Task(name, "compositional", "macro_acc", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
+
+
+NOUN_TAGS = {"NN", "NNS", "NNP", "NNPS"}
+ADJ_TAGS = {"JJ", "JJR", "JJS"}
+
+
+def _shuffle_where(words: list[str], mask: list[bool], rng: np.random.Generator) -> list[str]:
+    positions = [k for k, m in enumerate(mask) if m]
+    out = list(words)
+    for k, src in zip(positions, rng.permutation(positions)):
+        out[k] = words[src]
+    return out
+
+
+def order_perturbations(words: list[str], tags: list[str], rng: np.random.Generator, tries: int = 10) -> list[str]:
+    """ARO's four perturbations of a caption (tokens + Penn tags): shuffle nouns and adjectives, shuffle
+    everything else, shuffle within trigrams, shuffle the trigrams. Each is re-drawn (up to ``tries``)
+    until it differs from the caption, where possible: an unchanged "shuffle" would be a tie, not a test."""
+    content = [t in NOUN_TAGS or t in ADJ_TAGS for t in tags]
+    trigrams = [words[k:k + 3] for k in range(0, len(words), 3)]
+
+    def within() -> list[str]:
+        return [w for tri in trigrams for w in (tri[k] for k in rng.permutation(len(tri)))]
+
+    def across() -> list[str]:
+        return [w for k in rng.permutation(len(trigrams)) for w in trigrams[k]]
+
+    makers = [lambda: _shuffle_where(words, content, rng), lambda: _shuffle_where(words, [not c for c in content], rng), within, across]
+    out = []
+    for make in makers:
+        for _ in range(tries):
+            shuffled = make()
+            if shuffled != words:
+                break
+        out.append(" ".join(shuffled))
+    return out
+
+
+def read_karpathy(path: Path, split: str) -> list[tuple[str, list[str], bool]]:
+    """(image path relative to the image root, captions, held_out) of one split of a Karpathy JSON
+    ({"images": [{filepath?, filename, split, sentences: [{raw}]}]}) or of BLIP's list form
+    ([{image, caption: [..]}], as ARO's coco_karpathy_test.json)."""
+    data = _read_json(path)
+    rows = []
+    if isinstance(data, dict) and "images" in data:
+        for n, item in enumerate(data["images"]):
+            where = str(n)
+            if item.get("split", split) != split:
+                continue
+            filename = _field(path, where, item, "filename")
+            sentences = _field(path, where, item, "sentences", list)
+            texts = []
+            for k, s in enumerate(sentences):
+                if isinstance(s, dict) and isinstance(s.get("raw"), str) and s["raw"].strip():
+                    texts.append(s["raw"].strip())
+                else:
+                    raise BenchmarkError(f"{path}: item {n}: sentence {k} has no non-empty 'raw' text")
+            if not texts:
+                raise BenchmarkError(f"{path}: item {n} ({filename}) has no sentences")
+            rows.append((str(Path(item.get("filepath") or "") / filename), texts, _held(item)))
+    elif isinstance(data, list):
+        for n, item in enumerate(data):
+            captions = _field(path, str(n), item, "caption", (list, str))
+            captions = [captions] if isinstance(captions, str) else captions
+            rows.append((_field(path, str(n), item, "image"), [str(c).strip() for c in captions], _held(item)))
+    else:
+        raise BenchmarkError(f"{path}: not a Karpathy JSON ({{'images': [...]}}) nor a list of {{image, caption}}")
+    if not rows:
+        raise BenchmarkError(f"{path}: no images in split {split!r} (an empty benchmark has no score)")
+    return rows
+
+
+def aro_order(path: Path, image_root: Path, name: str, split: str, per_image: int, nlp, seed: int) -> Task:
+    """ARO COCO/Flickr order: each caption against its four shuffles; P@1 of the true caption."""
+    rows = read_karpathy(path, split)
+    idx, img, true, shuffled, held = _Index(), [], [], [], []
+    chosen = [(p, c, h) for p, caps, h in rows for c in caps[:per_image]]
+    rng = np.random.default_rng(seed)
+    for (image, caption, flag), doc in zip(chosen, nlp.pipe([c for _, c, _ in chosen], batch_size=256)):
+        words, tags = [t.text for t in doc], [t.tag_ for t in doc]
+        img.append(idx.image(ImageRef(image_root / image)))
+        true.append(idx.text(caption))
+        shuffled.append([idx.text(s) for s in order_perturbations(words, tags, rng)])
+        held.append(flag)
+    _nonempty(path, len(img))
+    i, t, s = torch.tensor(img), torch.tensor(true), torch.tensor(shuffled)
+
+    def score(I, T, items):
+        ii, ss = _pick(i, items), _pick(s, items)
+        shuffled_scores = (I[ii][:, None, :] * T[ss]).sum(-1)
+        return {"p_at_1": bm.order_precision_at_1(_pair_scores(I, T, ii, _pick(t, items)), shuffled_scores)}
+
+    return Task(name, "compositional", "p_at_1", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
+
+
+# --------------------------------------------------------------------------------------------------
+# Winoground, zero-shot classification, retrieval
+# --------------------------------------------------------------------------------------------------
+
+
+def _resolve_image(root: Path, name: str) -> Path:
+    """Winoground names images without an extension (ex_0_img_0 → images/ex_0_img_0.png)."""
+    path = root / name
+    if path.suffix.lower() in IMAGE_SUFFIXES or path.exists():
+        return path
+    for suffix in IMAGE_SUFFIXES:
+        if path.with_name(path.name + suffix).exists():
+            return path.with_name(path.name + suffix)
+    return path.with_name(path.name + ".png")
+
+
+def winoground(path: Path, image_root: Path, name: str) -> Task:
+    """Winoground-style pairs {id, caption_0, caption_1, image_0, image_1}: text, image and group scores."""
+    data = _read_json(path)
+    if not isinstance(data, list):
+        raise BenchmarkError(f"{path}: expected JSON lines or a JSON list of pairs, got {type(data).__name__}")
+    idx, imgs, caps, held = _Index(), [], [], []
+    for n, item in enumerate(data):
+        where = f"{n} (id {item.get('id')!r})" if isinstance(item, dict) else str(n)
+        imgs.append([idx.image(ImageRef(_resolve_image(image_root, _field(path, where, item, f"image_{k}")))) for k in (0, 1)])
+        caps.append([idx.text(_field(path, where, item, f"caption_{k}")) for k in (0, 1)])
+        held.append(_held(item))
+    _nonempty(path, len(imgs))
+    i, c = torch.tensor(imgs), torch.tensor(caps)
+
+    def score(I, T, items):
+        ii, cc = _pick(i, items), _pick(c, items)
+        return bm.winoground((I[ii][:, :, None, :] * T[cc][:, None, :, :]).sum(-1))
+
+    return Task(name, "compositional", "group", list(idx.images), list(idx.texts), len(imgs), score, _flags(held), str(path))
+
+
+def zero_shot(root: Path, name: str, templates: list[str], classnames_file: str | None, held_out_file: str | None) -> Task:
+    """An image folder (one sub-folder per class; names with '_' read as spaces), classified against
+    prompt templates with open_clip's zero-shot classifier; top-1 and top-5."""
+    if not root.is_dir():
+        raise BenchmarkError(f"{root}: zero-shot image folder not found")
+    listing = root / classnames_file if classnames_file else None
+    if listing is not None and listing.is_file():
+        folders = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
+    else:
+        folders = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not folders:
+        raise BenchmarkError(f"{root}: no class folders (an empty benchmark has no score)")
+    held_classes = set()
+    if held_out_file and (root / held_out_file).is_file():
+        held_classes = {line.strip() for line in (root / held_out_file).read_text().splitlines() if line.strip()}
+    images, labels, held = [], [], []
+    for label, folder in enumerate(folders):
+        directory = root / folder
+        if not directory.is_dir():
+            continue  # a class of the listing without test images (DVC does not keep empty folders)
+        for file in sorted(directory.iterdir()):
+            if file.suffix.lower() in IMAGE_SUFFIXES:
+                images.append(ImageRef(file))
+                labels.append(label)
+                held.append(folder in held_classes)
+    _nonempty(root, len(images))
+    y = torch.tensor(labels)
+    classnames = [f.replace("_", " ") for f in folders]
+    task = Task(name, "zero_shot", "top1", images, [], len(images), None, _flags(held), str(root),
+                needs_classifier={"classnames": classnames, "templates": list(templates)})
+
+    def score(I, T, items):
+        logits = _pick(I, items) @ task.classifier  # [images, classes], set per model by the evaluator
+        return bm.topk_accuracy(logits, _pick(y, items), ks=(1, min(5, len(classnames))))
+
+    task.score = score
+    return task
+
+
+def retrieval(path: Path, image_root: Path, name: str, split: str) -> Task:
+    """Karpathy-format retrieval: R@1/5/10 image→text and text→image."""
+    rows = read_karpathy(path, split)
+    images, texts, text_image, held = [], [], [], []
+    for n, (image, captions, flag) in enumerate(rows):
+        images.append(ImageRef(image_root / image))
+        held.append(flag)
+        for c in captions:
+            texts.append(c)
+            text_image.append(n)
+    owner = torch.tensor(text_image)
+
+    def score(I, T, items):
+        if items is None:
+            return bm.retrieval_recall(I @ T.T, owner)
+        keep = torch.isin(owner, items)  # a subset's images against their own captions only
+        remap = torch.full((len(images),), -1, dtype=torch.long)
+        remap[items] = torch.arange(len(items))
+        return bm.retrieval_recall(I[items] @ T[keep].T, remap[owner[keep]])
+
+    # texts are kept per caption (not deduplicated): two images may share a caption, each its own copy
+    task = Task(name, "retrieval", "mean_r1", images, texts, len(images), None, _flags(held), str(path))
+
+    def score_with_mean(I, T, items):
+        out = score(I, T, items)
+        out["mean_r1"] = (out["image_to_text_r1"] + out["text_to_image_r1"]) / 2
+        return out
+
+    task.score = score_with_mean
+    return task

