@@ -26,8 +26,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+def atomic_write_json(path: Path, obj: Any, sort_keys: bool = True) -> None:
+    """Indented JSON; ``sort_keys=False`` keeps the order of items where a file format has one."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n").encode())
 
 
 def atomic_write_parquet(path: Path, table: pa.Table) -> None:

@@ -181,7 +181,7 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
                          "held_out": shows_held})
 
     for kind, items in sc.items():
-        atomic_write_json(out / "sugar_crepe" / f"{kind}.json", items)
+        atomic_write_json(out / "sugar_crepe" / f"{kind}.json", items, sort_keys=False)  # "0", "1", … in order
     for kind, items in scpp.items():
         atomic_write_json(out / "sugar_crepe_pp" / f"{kind}.json", items)
     for kind, (original, swapped) in hp.items():

@@ -339,3 +339,131 @@ def test_model_resolution_errors_say_which_model_and_why(tmp_path):
         ev.resolve_model(EvalModelSpec(name="m", uri=str(tmp_path / "w.pt")), tmp_path)
     with pytest.raises(ev.EvaluateError, match=r"model 'm': .*nowhere is neither"):
         ev.resolve_model(EvalModelSpec(name="m", uri=str(tmp_path / "nowhere")), tmp_path)
+
+
+def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
+    params = {"models": [{"name": "base", "uri": str(ev.ROOT / "models" / "base" / "export")}],
+              "benchmarks": {k: {"enabled": k == "sugarcrepe", "data_root": str(tmp_path / "nowhere")}
+                             for k in ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval")}}
+    file = tmp_path / "evaluate.yaml"
+    file.write_text(json.dumps(params))
+    assert ev.main(["--params", str(file)]) == 2
+    assert "nowhere/add_att.json: file not found" in capsys.readouterr().err
+    assert not (tmp_path / "reports").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# end to end, with real models and files
+# --------------------------------------------------------------------------------------------------
+
+SUGARCREPE_COUNTS = {"add_att": 692, "add_obj": 2062, "replace_att": 788, "replace_obj": 1652, "replace_rel": 1406,
+                     "swap_att": 666, "swap_obj": 245}
+
+
+def _only(enabled: dict, **common) -> dict:
+    names = ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval")
+    return {k: enabled.get(k, {"enabled": False, "data_root": "unused"}) for k in names}
+
+
+@pytest.mark.slow
+def test_real_sugarcrepe_files_end_to_end_on_stand_in_images(tmp_path):
+    from conftest import SHARED
+
+    root = SHARED / "benchmarks" / "sugar_crepe"
+    if not root.is_dir():
+        pytest.skip(f"{root} is absent (it sits beside the project in CI and on the dev machines, not in a user's clone)")
+    filenames = set()
+    for subset, count in SUGARCREPE_COUNTS.items():
+        task = bd.sugarcrepe(root / f"{subset}.json", tmp_path / "val2017", f"sugarcrepe/{subset}")
+        assert task.items == count
+        filenames |= {ref.path.name for ref in task.images}
+    assert all(name.endswith(".jpg") and len(name) == 16 for name in filenames)  # COCO val2017 file names
+    for k, name in enumerate(sorted(filenames)):  # stand-ins: a flat color per file
+        solid(tmp_path / "val2017" / name, k % 256, size=(32, 24))
+    params = EvaluateParams.model_validate({
+        "models": [{"name": "base", "uri": str(ev.ROOT / "models" / "base" / "export")}],
+        "benchmarks": _only({"sugarcrepe": {"data_root": str(root), "image_root": str(tmp_path / "val2017")}}),
+        "output_dir": str(tmp_path / "reports"), "cache_dir": str(tmp_path / "cache"),
+    })
+    flat = ev.run(params, log_mlflow=False)
+    for subset, count in SUGARCREPE_COUNTS.items():
+        assert flat[f"base/sugarcrepe/{subset}/items"] == count
+        assert 0 <= flat[f"base/sugarcrepe/{subset}/acc"] <= 1
+    report = (tmp_path / "reports" / "benchmarks.md").read_text()
+    assert "| sugarcrepe/swap_obj | **acc** | 245 |" in report
+
+
+@pytest.mark.slow
+def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_path, monkeypatch):
+    """The ShapesWorld suite through the stage for one set of weights given three ways — the export
+    folder, a DeepSpeed-style checkpoint file, and an MLflow registered version by alias — which must
+    agree exactly; then the outputs, the MLflow run, and a re-run served from the cache."""
+    import mlflow
+    import open_clip
+
+    from components import benchmarks as bench_stage
+    from components.params import BenchmarksParams
+    from components.registry import log_export
+    from conftest import tiny_captions
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("C2LIP_MLFLOW_ARTIFACTS", (tmp_path / "artifacts").as_uri())
+    captions = tiny_captions(tmp_path, shapesworld={"test_images": 30})
+    (tmp_path / "captions.yaml").write_text(json.dumps(captions.model_dump(mode="json")))
+    suite = tmp_path / "suite"
+    bench_stage.run(BenchmarksParams(captions_params=tmp_path / "captions.yaml", output_dir=suite))
+
+    export = ev.ROOT / "models" / "base" / "export"
+    model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{export}")
+    torch.save({"module": {f"module.{k}": v for k, v in model.state_dict().items()}}, tmp_path / "mp_rank_00_model_states.pt")
+    from components.tracking import use_experiment
+
+    use_experiment("registry-test")
+    with mlflow.start_run():
+        version = log_export(export, registered_model_name="c2lip-test").registered_model_version
+    mlflow.MlflowClient().set_registered_model_alias("c2lip-test", "champion", version)
+
+    sw_root = f"{suite}"
+    params = EvaluateParams.model_validate({
+        "models": [{"name": "export", "uri": str(export)},
+                   {"name": "checkpoint", "uri": str(tmp_path / "mp_rank_00_model_states.pt"), "arch": "c2lip-tiny-rn"},
+                   {"name": "registry", "uri": "models:/c2lip-test@champion"}],
+        "benchmarks": {
+            "sugarcrepe": {"data_root": f"{sw_root}/sugar_crepe", "image_root": f"{sw_root}/images"},
+            "sugarcrepe_pp": {"data_root": f"{sw_root}/sugar_crepe_pp", "image_root": f"{sw_root}/images"},
+            "hard_positives": {"data_root": f"{sw_root}/hard_positives", "image_root": f"{sw_root}/images"},
+            "aro": {"data_root": f"{sw_root}/aro", "image_root": f"{sw_root}/images", "order_files": {"order": "../retrieval/karpathy_test.json"}},
+            "winoground": {"data_root": f"{sw_root}/winoground", "image_root": f"{sw_root}/images"},
+            "zero_shot": {"data_root": f"{sw_root}/zero_shot"},
+            "retrieval": {"data_root": f"{sw_root}/retrieval", "image_root": f"{sw_root}/images"},
+        },
+        "output_dir": str(tmp_path / "reports"), "cache_dir": str(tmp_path / "cache"), "mlflow_experiment": "eval-test",
+    })
+    flat = ev.run(params)
+    keys = [k.split("/", 1)[1] for k in flat if k.startswith("export/")]
+    assert len(keys) > 60
+    for key in keys:
+        assert flat[f"checkpoint/{key}"] == flat[f"export/{key}"] == flat[f"registry/{key}"], key
+    assert flat["export/zero_shot/items"] > 0 and 0 <= flat["export/summary/compositional"] <= 1
+    assert {"export/summary/zero_shot", "export/summary/retrieval", "export/aro/order/p_at_1", "export/winoground/group"} <= set(flat)
+
+    out = tmp_path / "reports"
+    assert json.loads((out / "metrics.json").read_text()) == flat
+    plots = json.loads((out / "plots" / "export.json").read_text())["benchmarks"]
+    assert {row["benchmark"] for row in plots} >= {"sugarcrepe/swap_att", "zero_shot", "retrieval/shapesworld"}
+    report = (out / "benchmarks.md").read_text()
+    assert "| export | checkpoint | registry | Δ checkpoint − export | Δ registry − export |" in report
+    assert "*held-out*" in report
+    png = (out / "benchmarks.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+    runs = mlflow.search_runs(experiment_names=["eval-test"], output_format="list")
+    assert len(runs) == 1
+    logged = runs[0].data.metrics
+    assert logged["export/sugarcrepe/swap_att/acc"] == flat["export/sugarcrepe/swap_att/acc"]
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(runs[0].info.run_id)}
+    assert artifacts == {"benchmarks.md", "benchmarks.png", "metrics.json"}
+
+    # a re-run (e.g. after a kill) takes finished models from the cache: no model is loaded again
+    monkeypatch.setattr(ev, "load_model", lambda *a: pytest.fail("a cached model was evaluated again"))
+    assert ev.run(params, log_mlflow=False) == flat

@@ -82,6 +82,18 @@ def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(tmp_path):
     assert trained["steps"] == 2 and 0 <= trained["zero_shot_top1"] <= 1
     assert (work / "models" / "train" / "export" / "open_clip_model.safetensors").is_file()
 
+    # the benchmarks stage wrote ShapesWorld's suite from the 10 test images; evaluate read it for both models
+    suite = yaml.safe_load((work / "data" / "benchmarks" / "shapesworld" / "stats.json").read_text())
+    assert suite["images"] == 10
+    report = yaml.safe_load((work / "reports" / "metrics.json").read_text())
+    assert report["base/zero_shot/items"] == report["finetuned/zero_shot/items"] == suite["zero_shot"]["images"]
+    assert report["base/sugarcrepe/add_att/items"] == suite["sugar_crepe"]["add_att"]
+    assert {"base/summary/compositional", "finetuned/summary/compositional"} <= set(report)
+    assert "| base | finetuned | Δ finetuned − base |" in (work / "reports" / "benchmarks.md").read_text()
+    assert (work / "reports" / "benchmarks.png").is_file() and (work / "reports" / "plots" / "finetuned.json").is_file()
+    metrics_show = dvc("metrics", "show", "--json")
+    assert "finetuned/summary/zero_shot" in metrics_show.stdout
+
     second = dvc("repro")
     assert second.returncode == 0
     assert "didn't change, skipping" in second.stdout
