@@ -9,7 +9,9 @@ From the held-out test split of the world in ``params/captions.yaml`` (the same 
   sugar_crepe/<subset>.json   SugarCrepe: dict "0".. → {filename, caption, negative_caption}
   sugar_crepe_pp/<subset>.json  SugarCrepe++: list of {id, filename, caption, caption2, negative_caption}
   hard_positives/<subset>.json and <subset>_swapped.json   aligned lists of {image_id, true_caption,
-                              false_caption, image_path}: (c, c_n) and (c_p, c_n)
+                              false_caption, image_path}: (c, c_n) and (c_p, c_n); c_p replaces the size
+                              words (replace_att) or the relation (replace_rel) by synonyms, or reorders
+                              the caption ("X left of Y" → "Y right of X", swap)
   aro/visual_genome_{relation,attribution}.json   ARO with bboxes (the two objects' union box)
   winoground/examples.jsonl   {id, caption_0, caption_1, image_0, image_1, tag}
   zero_shot/<color>_<shape>/  single-object images by class; classnames.txt, held_out_classes.txt
@@ -143,7 +145,15 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
             if pair is None:
                 continue
             pos, neg = pair
-            hard_pos = rules.paraphrase(pos)
+            # REPLACE: a synonym of the replaced kind of word; SWAP: the same claims in another order
+            if kind == "replace_att":
+                hard_pos = rules.synonym_paraphrase(pos, "size")
+            elif kind == "replace_rel":
+                hard_pos = rules.synonym_paraphrase(pos, "relation")
+            else:
+                hard_pos = rules.paraphrase(pos)
+            if hard_pos is None:
+                continue
             _check(meta, hard_pos, neg)
             flag = _held(held, base, neg)
             original, swapped = hp[kind]

@@ -23,6 +23,12 @@ import numpy as np
 from components.shapesworld import INVERSE_RELATION
 
 RELATIONS = tuple(INVERSE_RELATION)
+# Words with the same meaning as the world's own (which the training captions never use): the REPLACE
+# hard positives swap them in, and the truth check reads them as the word they stand for.
+SIZE_SYNONYMS = {"big": "large", "little": "small"}
+RELATION_SYNONYMS = {"to the left of": "left of", "to the right of": "right of", "over": "above", "under": "below"}
+_SIZE_TO_SYNONYM = {v: k for k, v in SIZE_SYNONYMS.items()}
+_RELATION_TO_SYNONYM = {v: k for k, v in RELATION_SYNONYMS.items()}
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,7 @@ class Mention:
 
     def matches(self, obj: dict[str, Any]) -> bool:
         return (obj["shape"] == self.shape and (self.color is None or obj["color"] == self.color)
-                and (self.size is None or obj["size"] == self.size))
+                and (self.size is None or obj["size"] == SIZE_SYNONYMS.get(self.size, self.size)))
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ def holds(desc: Description, objects: list[dict[str, Any]], background: str | No
     for chosen in permutations(range(len(objects)), len(desc.mentions)):
         if not all(m.matches(objects[i]) for m, i in zip(desc.mentions, chosen)):
             continue
-        if desc.relation is None or relation_of(objects[chosen[0]], objects[chosen[1]]) == desc.relation:
+        if desc.relation is None or relation_of(objects[chosen[0]], objects[chosen[1]]) == RELATION_SYNONYMS.get(desc.relation, desc.relation):
             return True
     return False
 
@@ -116,6 +122,18 @@ def paraphrase(desc: Description) -> Description:
         m[0], m[1] = m[1], m[0]
         return replace(desc, mentions=tuple(m), relation=INVERSE_RELATION[desc.relation])
     return replace(desc, form="plain" if desc.form == "there" else "there")
+
+
+def synonym_paraphrase(desc: Description, part: str) -> Description | None:
+    """The same claims with synonyms: every size word (``part="size"``: large → big) or the relation
+    (``part="relation"``: left of → to the left of); None when the caption has no such word."""
+    if part == "size":
+        if not any(m.size in _SIZE_TO_SYNONYM for m in desc.mentions):
+            return None
+        return replace(desc, mentions=tuple(replace(m, size=_SIZE_TO_SYNONYM.get(m.size, m.size)) for m in desc.mentions))
+    if part == "relation":
+        return None if desc.relation not in _RELATION_TO_SYNONYM else replace(desc, relation=_RELATION_TO_SYNONYM[desc.relation])
+    raise ValueError(f"unknown part {part!r}")
 
 
 # --------------------------------------------------------------------------------------------------

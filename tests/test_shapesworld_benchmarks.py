@@ -45,6 +45,10 @@ def test_caption_text_and_paraphrases():
     assert rules.paraphrase(desc).text() == "A small blue square right of a large red circle."
     single = rules.Description((red,), background="white")
     assert rules.paraphrase(single).text() == "There is a large red circle on a white background."
+    assert rules.synonym_paraphrase(desc, "size").text() == "A big red circle left of a little blue square."
+    assert rules.synonym_paraphrase(desc, "relation").text() == "A large red circle to the left of a small blue square."
+    assert rules.holds(rules.synonym_paraphrase(desc, "relation"), SCENE) and rules.holds(rules.synonym_paraphrase(desc, "size"), SCENE)
+    assert rules.synonym_paraphrase(rules.Description((M("circle", "red"),)), "size") is None  # no size word to replace
     added = rules.Description((red, blue, M("cross", "green", "small")), "left of")
     assert added.text() == "A large red circle left of a small blue square, and a small green cross."
 
@@ -63,10 +67,11 @@ def test_on_random_scenes_paraphrases_keep_and_negatives_change_the_meaning(seed
     for meta in metas:
         desc = rules.describe_scene(meta, rng)
         assert rules.holds(desc, meta["objects"], meta["background"])
-        para = rules.paraphrase(desc)
-        assert para.text() != desc.text()
-        for other in metas[:40]:  # same truth value in every scene: the meaning did not change
-            assert rules.holds(para, other["objects"], other["background"]) == rules.holds(desc, other["objects"], other["background"])
+        paraphrases = [rules.paraphrase(desc), rules.synonym_paraphrase(desc, "size"), rules.synonym_paraphrase(desc, "relation")]
+        for para in (p for p in paraphrases if p is not None):
+            assert para.text() != desc.text()
+            for other in metas[:40]:  # same truth value in every scene: the meaning did not change
+                assert rules.holds(para, other["objects"], other["background"]) == rules.holds(desc, other["objects"], other["background"])
         for kind in kinds:
             pair = stage.negative_for(kind, desc, meta, rng, world)
             if pair is None:
