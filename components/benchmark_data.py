@@ -431,12 +431,11 @@ def retrieval(path: Path, image_root: Path, name: str, split: str) -> Task:
     owner = torch.tensor(text_image)
 
     def score(I, T, items):
-        if items is None:
-            return bm.retrieval_recall(I @ T.T, owner)
-        keep = torch.isin(owner, items)  # a subset's images against their own captions only
-        remap = torch.full((len(images),), -1, dtype=torch.long)
-        remap[items] = torch.arange(len(items))
-        return bm.retrieval_recall(I[items] @ T[keep].T, remap[owner[keep]])
+        queries = None
+        if items is not None:  # a subset's images and captions as queries, against every candidate
+            queries = torch.zeros(len(images), dtype=torch.bool)
+            queries[items] = True
+        return bm.retrieval_recall(I @ T.T, owner, queries=queries)
 
     # texts are kept per caption (not deduplicated): two images may share a caption, each its own copy
     task = Task(name, "retrieval", "mean_r1", images, texts, len(images), None, _flags(held), str(path))

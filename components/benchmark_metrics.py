@@ -98,10 +98,12 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...
     return {f"top{k}": (rank < k).float().mean().item() for k in ks}
 
 
-def retrieval_recall(similarity: torch.Tensor, text_image: torch.Tensor, ks: tuple[int, ...] = (1, 5, 10)) -> dict[str, float]:
+def retrieval_recall(similarity: torch.Tensor, text_image: torch.Tensor, ks: tuple[int, ...] = (1, 5, 10),
+                     queries: torch.Tensor | None = None) -> dict[str, float]:
     """Retrieval (Karpathy splits): ``similarity`` [images, texts], ``text_image`` [texts] the image of
     each caption. image→text R@k: one of the image's captions is among its k best texts; text→image
-    R@k: the caption's image is among its k best images. Ties rank pessimistically."""
+    R@k: the caption's image is among its k best images. Ties rank pessimistically. ``queries`` (bool
+    [images]) averages over those images and their captions only, still ranked against every candidate."""
     n_images, n_texts = similarity.shape
     if text_image.shape != (n_texts,):
         raise ValueError(f"text_image must hold one image index per text ({n_texts}), got {tuple(text_image.shape)}")
@@ -116,8 +118,12 @@ def retrieval_recall(similarity: torch.Tensor, text_image: torch.Tensor, ks: tup
     # image→text: rank of the image's best-scoring own caption among all texts
     best_own = similarity.masked_fill(~own, float("-inf")).max(dim=1).values  # [images]
     rank_i2t = (similarity.masked_fill(own, float("-inf")) >= best_own[:, None]).sum(dim=1)
+    image_queries = torch.ones(n_images, dtype=torch.bool) if queries is None else queries
+    text_queries = image_queries[text_image]
+    if not image_queries.any():
+        raise ValueError("no query images: an empty benchmark has no score")
     out = {}
     for k in ks:
-        out[f"image_to_text_r{k}"] = (rank_i2t < k).float().mean().item()
-        out[f"text_to_image_r{k}"] = (rank_t2i < k).float().mean().item()
+        out[f"image_to_text_r{k}"] = (rank_i2t[image_queries] < k).float().mean().item()
+        out[f"text_to_image_r{k}"] = (rank_t2i[text_queries] < k).float().mean().item()
     return out

@@ -93,3 +93,18 @@ def test_retrieval_recall_both_directions():
     assert tie == {"image_to_text_r1": 0.0, "text_to_image_r1": 0.0}
     with pytest.raises(ValueError, match="at least one caption"):
         bm.retrieval_recall(torch.zeros(2, 2), T([0, 0]))
+
+
+def test_retrieval_recall_over_query_subset_ranks_against_every_candidate():
+    # image 0 owns texts 0, 1; image 1 owns text 2. Text 1 prefers image 1; image 1 prefers text 1.
+    sim = torch.tensor([[0.9, 0.3, 0.0],
+                        [0.0, 0.95, 0.8]])
+    owner = torch.tensor([0, 0, 1])
+    full = bm.retrieval_recall(sim, owner, ks=(1,))
+    assert full == {"image_to_text_r1": 0.5, "text_to_image_r1": pytest.approx(2 / 3)}
+    only_1 = bm.retrieval_recall(sim, owner, ks=(1,), queries=torch.tensor([False, True]))
+    assert only_1 == {"image_to_text_r1": 0.0, "text_to_image_r1": 1.0}  # text 2 still competes with image 0
+    only_0 = bm.retrieval_recall(sim, owner, ks=(1,), queries=torch.tensor([True, False]))
+    assert only_0 == {"image_to_text_r1": 1.0, "text_to_image_r1": 0.5}
+    with pytest.raises(ValueError, match="no query images"):
+        bm.retrieval_recall(sim, owner, queries=torch.tensor([False, False]))
