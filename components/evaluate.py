@@ -376,7 +376,7 @@ def markdown_report(tasks: list[bd.Task], per_model: dict[str, dict[str, dict[st
     for task in tasks:
         keys = list(per_model[ref][task.name])
         for key in keys:
-            if key == "items" or key.endswith("/items"):
+            if key.split("/")[-1] in ("items", "groups"):  # counts, not scores (they stay in metrics.json)
                 continue
             part, metric = (key.split("/", 1) if "/" in key else ("", key))
             bench = task.name + (f" *{part.replace('_', '-')}*" if part else "")
