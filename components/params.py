@@ -560,9 +560,36 @@ class EvaluateParams(Strict):
         return self
 
 
+# --------------------------------------------------------------------------------------------------
+# registration and promotion (MLflow registry)
+# --------------------------------------------------------------------------------------------------
+
+
+class PromotionGates(Strict):
+    """When a version may take the champion alias (compared with the current champion's summary)."""
+
+    compositional_margin: float = Field(0.0, ge=0, description="Compositional average must be at least the champion's plus this.")
+    zero_shot_tolerance: float = Field(0.01, ge=0, description="Zero-shot top-1 may be at most this below the champion's.")
+    retrieval_tolerance: float = Field(0.01, ge=0, description="Retrieval mean R@1 may be at most this below the champion's.")
+
+
+class RegistryParams(Strict):
+    """Registration of the trained export as an MLflow model version, and its promotion."""
+
+    model_name: str = Field("c2lip", min_length=1, description="Registered model name in the MLflow registry.")
+    export_dir: Path = Field(Path("models/train/export"), description="The export registered (the train stage's).")
+    metrics_path: Path = Field(Path("reports/metrics.json"), description="The evaluate stage's metrics.")
+    metrics_model: str = Field("finetuned", pattern=_MODEL_LABEL, description="Which model of the report the export is (its metrics become the version's tags).")
+    train_params: Path = Field(Path("params/train.yaml"), description="The train stage's params (method recorded on the version).")
+    challenger_alias: str = Field("challenger", min_length=1, description="Alias every new version gets.")
+    champion_alias: str = Field("champion", min_length=1, description="Alias moved by a successful promotion.")
+    gates: PromotionGates = Field(default_factory=PromotionGates, description="Promotion gates.")
+    mlflow_experiment: str = Field("c2lip", min_length=1, description="MLflow experiment of the registration runs.")
+
+
 STAGES: dict[str, type[Strict]] = {
     "captions": CaptionsParams, "concepts": ConceptsParams, "train": TrainParams, "base": TrainParams,
-    "benchmarks": BenchmarksParams, "evaluate": EvaluateParams,
+    "benchmarks": BenchmarksParams, "evaluate": EvaluateParams, "registry": RegistryParams,
 }
 
 

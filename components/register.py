@@ -1,0 +1,202 @@
+"""Registration and promotion in the MLflow registry (aliases, never the deprecated stages).
+
+    python -m components.register --params params/registry.yaml               # register → alias challenger
+    python -m components.register --params params/registry.yaml --promote challenger   # or a version number
+
+Registering logs the train stage's export as an MLflow pyfunc (:mod:`components.registry`; the export is
+its artifact, so ``models:/c2lip@champion`` loads as open_clip too) and tags the new version with the git
+commit, the dvc.lock hash, the method and the evaluate stage's benchmark summary. Promotion moves the
+champion alias only when the gates hold against the current champion, and otherwise says which gate
+failed and by how much.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from components.params import ParamsError, RegistryParams, load_params
+
+ROOT = Path(__file__).resolve().parent.parent
+SUMMARY_KEYS = ("compositional", "zero_shot", "retrieval")
+
+
+class RegistryError(ValueError):
+    """Registration or promotion that cannot go ahead: says why."""
+
+
+def _git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def benchmark_summary(params: RegistryParams) -> dict[str, float]:
+    """``{compositional, zero_shot, retrieval, ...}`` of ``metrics_model`` from the evaluate stage's metrics."""
+    if not params.metrics_path.is_file():
+        raise RegistryError(f"{params.metrics_path}: not found; run the evaluate stage first (dvc repro evaluate)")
+    metrics = json.loads(params.metrics_path.read_text())
+    prefix = f"{params.metrics_model}/summary/"
+    summary = {k[len(prefix):]: float(v) for k, v in metrics.items() if k.startswith(prefix)}
+    missing = [k for k in SUMMARY_KEYS if k not in summary]
+    if missing:
+        raise RegistryError(f"{params.metrics_path}: no {[prefix + k for k in missing]}; is metrics_model "
+                            f"{params.metrics_model!r} one of the evaluated models?")
+    return summary
+
+
+def register(params: RegistryParams, extra_tags: dict[str, str] | None = None) -> Any:
+    """Log the export as a new version of ``model_name``, tag it, give it the challenger alias. Returns the ModelVersion."""
+    import mlflow
+
+    from components.registry import log_export
+    from components.tracking import use_experiment
+
+    if not (params.export_dir / "open_clip_config.json").is_file():
+        raise RegistryError(f"{params.export_dir}: no open_clip export; run the train stage first")
+    summary = benchmark_summary(params)
+    lock = ROOT / "dvc.lock"
+    method = "unknown"
+    if params.train_params.is_file():
+        method = (yaml.safe_load(params.train_params.read_text()) or {}).get("method", {}).get("name", "unknown")
+    tags = {
+        "git_commit": _git_commit(),
+        "dvc_lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock.is_file() else "none",
+        "method": method,
+        "benchmark_summary": json.dumps({k: round(v, 5) for k, v in summary.items()}, sort_keys=True),
+        **{f"summary.{k}": f"{v:.5f}" for k, v in summary.items()},
+        **(extra_tags or {}),
+    }
+    mlflow_ = use_experiment(params.mlflow_experiment)
+    with mlflow_.start_run(run_name=f"register-{params.model_name}") as run:
+        mlflow_.set_tags({"stage": "register", **{k: v for k, v in tags.items() if len(v) < 5000}})
+        mlflow_.log_metrics({f"summary/{k}": v for k, v in summary.items()})
+        info = log_export(params.export_dir, registered_model_name=params.model_name)
+    client = mlflow.MlflowClient()
+    version = str(info.registered_model_version)
+    for key, value in tags.items():
+        client.set_model_version_tag(params.model_name, version, key, value)
+    client.set_registered_model_alias(params.model_name, params.challenger_alias, version)
+    print(f"register: {params.model_name} version {version} (run {run.info.run_id}), alias {params.challenger_alias}", file=sys.stderr)
+    return client.get_model_version(params.model_name, version)
+
+
+@dataclass
+class Gate:
+    name: str
+    value: float
+    required: float
+
+    @property
+    def ok(self) -> bool:
+        return self.value >= self.required
+
+    def line(self) -> str:
+        verdict = "passes" if self.ok else f"FAILS by {self.required - self.value:.4f}"
+        return f"{self.name}: {self.value:.4f} vs required {self.required:.4f} — {verdict}"
+
+
+@dataclass
+class Promotion:
+    promoted: bool
+    version: str
+    champion_before: str | None
+    gates: list[Gate]
+    message: str
+
+    def markdown(self) -> str:
+        rows = "\n".join(f"| {g.name} | {g.value:.4f} | {g.required:.4f} | {'yes' if g.ok else 'no'} |" for g in self.gates)
+        table = f"\n\n| gate | candidate | required | holds |\n|---|---|---|---|\n{rows}" if self.gates else ""
+        return f"**{self.message}**{table}\n"
+
+
+class PromotionRefused(RegistryError):
+    def __init__(self, promotion: Promotion):
+        super().__init__(promotion.message)
+        self.promotion = promotion
+
+
+def _summary_of(version) -> dict[str, float]:
+    out = {}
+    for key in SUMMARY_KEYS:
+        if f"summary.{key}" not in version.tags:
+            raise RegistryError(f"version {version.version} of {version.name} has no tag summary.{key} (not registered by c2lip?)")
+        out[key] = float(version.tags[f"summary.{key}"])
+    return out
+
+
+def promote(params: RegistryParams, candidate: str = "challenger") -> Promotion:
+    """Move the champion alias to ``candidate`` (an alias or a version number) if the gates hold; raises
+    :class:`PromotionRefused` (whose message names each failed gate and by how much) otherwise."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from components.tracking import default_tracking_uri
+
+    mlflow.set_tracking_uri(default_tracking_uri())
+    client = mlflow.MlflowClient()
+    try:
+        version = (client.get_model_version(params.model_name, candidate) if candidate.isdigit()
+                   else client.get_model_version_by_alias(params.model_name, candidate))
+    except MlflowException as err:
+        raise RegistryError(f"{params.model_name}: no version {candidate!r} ({err.message})") from None
+    try:
+        champion = client.get_model_version_by_alias(params.model_name, params.champion_alias)
+    except MlflowException:
+        champion = None
+    number = str(version.version)
+    if champion is None:
+        client.set_registered_model_alias(params.model_name, params.champion_alias, number)
+        return Promotion(True, number, None, [], f"version {number} is the first {params.champion_alias} of {params.model_name}")
+    if str(champion.version) == number:
+        return Promotion(False, number, number, [], f"version {number} already is the {params.champion_alias}")
+    mine, theirs = _summary_of(version), _summary_of(champion)
+    g = params.gates
+    gates = [
+        Gate("compositional", mine["compositional"], theirs["compositional"] + g.compositional_margin),
+        Gate("zero_shot", mine["zero_shot"], theirs["zero_shot"] - g.zero_shot_tolerance),
+        Gate("retrieval", mine["retrieval"], theirs["retrieval"] - g.retrieval_tolerance),
+    ]
+    failed = [x for x in gates if not x.ok]
+    if failed:
+        promotion = Promotion(False, number, str(champion.version), gates,
+                              f"version {number} not promoted over {params.champion_alias} version {champion.version}: "
+                              + "; ".join(x.line() for x in failed))
+        raise PromotionRefused(promotion)
+    client.set_registered_model_alias(params.model_name, params.champion_alias, number)
+    return Promotion(True, number, str(champion.version), gates,
+                     f"version {number} is the new {params.champion_alias} (was version {champion.version})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", default=None, help="params YAML (default: params/registry.yaml)")
+    parser.add_argument("--promote", metavar="VERSION_OR_ALIAS", default=None, help="promote instead of register")
+    args = parser.parse_args(argv)
+    try:
+        params = load_params("registry", args.params)
+        if args.promote:
+            result = promote(params, args.promote)
+            print(result.message)
+        else:
+            version = register(params)
+            print(json.dumps({"model": params.model_name, "version": str(version.version), "aliases": list(version.aliases)}))
+    except (ParamsError, RegistryError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
