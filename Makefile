@@ -18,11 +18,18 @@ export DO_NOT_TRACK ?= 1
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 export PATH := $(VENV)/bin:$(PATH)
+# Prefect keeps its local state (the ephemeral server's database, settings) inside the project.
+export PREFECT_HOME ?= $(CURDIR)/.prefect
 
-.PHONY: run test install clean-data
+.PHONY: run test install serve clean-data
 
+# The Prefect flow c2lip (deployment "full") once, locally: every DVC stage, DVC push, registration.
 run: $(STAMP)
-	dvc repro
+	python -m flows.c2lip
+
+# A local Prefect server on 127.0.0.1:4200 serving the deployments c2lip/full, c2lip/evaluate, c2lip/promote.
+serve: $(STAMP)
+	infra/serve.sh
 
 test: $(STAMP)
 	python -m pytest

@@ -63,3 +63,37 @@ def kill_stage_midway(stage: str, cfg: dict, tmp_path: Path, finished_glob: str,
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     return len(list(tmp_path.glob(finished_glob))), cmd
+
+
+def make_clone(tmp_path: Path, train_steps: int = 2) -> tuple[Path, dict]:
+    """What a fresh clone has (committed files only), with tiny params, as a git repo; returns (clone, env)
+    with MLflow pointed into ``tmp_path``."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    work = tmp_path / "repo"
+    work.mkdir()
+    for name in ("components", "flows", "params", "infra", ".dvc", "dvc.yaml", "dvc.lock", ".dvcignore", ".gitignore",
+                 "models/base", "metrics/base.json", "metrics/base_loss.json"):
+        src = REPO / name
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name, **({"ignore": shutil.ignore_patterns("checkpoints", "__pycache__")} if src.is_dir() else {}))
+    for leftover in ("tmp", "cache"):
+        shutil.rmtree(work / ".dvc" / leftover, ignore_errors=True)
+    params = yaml.safe_load((work / "params" / "captions.yaml").read_text())
+    params["shapesworld"].update(train_images=40, test_images=10)
+    params["shard_size"] = 20
+    (work / "params" / "captions.yaml").write_text(yaml.safe_dump(params))
+    train = yaml.safe_load((work / "params" / "train.yaml").read_text())
+    train.update(steps=train_steps, global_batch=8, micro_batch=8, checkpoint_every=1, log_every=1, torch_threads=1)
+    train["data"].update(shuffle_buffer=8, workers=0)
+    (work / "params" / "train.yaml").write_text(yaml.safe_dump(train))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "C2LIP_MLFLOW_ARTIFACTS": str(tmp_path / "artifacts")}
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=work, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=work, check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], cwd=work, check=True)
+    return work, env

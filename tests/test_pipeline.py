@@ -3,14 +3,13 @@
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, make_clone
 
 
 def _make_dry_run(workdir: Path) -> str:
@@ -40,29 +39,8 @@ def test_ci_runs_the_readme_test_command():
 
 @pytest.mark.slow
 def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(tmp_path):
-    work = tmp_path / "repo"
-    work.mkdir()
-    for name in ("components", "params", "infra", ".dvc", "dvc.yaml", "dvc.lock", ".dvcignore", ".gitignore",
-                 "models/base", "metrics/base.json", "metrics/base_loss.json"):  # what a clone has
-        src = REPO / name
-        (work / name).parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name, **({"ignore": shutil.ignore_patterns("checkpoints")} if src.is_dir() else {}))
-    shutil.rmtree(work / ".dvc" / "tmp", ignore_errors=True)
-    shutil.rmtree(work / ".dvc" / "cache", ignore_errors=True)
+    work, env = make_clone(tmp_path)
     params = yaml.safe_load((work / "params" / "captions.yaml").read_text())
-    params["shapesworld"].update(train_images=40, test_images=10)
-    params["shard_size"] = 20
-    (work / "params" / "captions.yaml").write_text(yaml.safe_dump(params))
-    train = yaml.safe_load((work / "params" / "train.yaml").read_text())
-    train.update(steps=2, global_batch=8, micro_batch=8, checkpoint_every=1, log_every=1, torch_threads=1)
-    train["data"].update(shuffle_buffer=8, workers=0)
-    (work / "params" / "train.yaml").write_text(yaml.safe_dump(train))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "C2LIP_MLFLOW_ARTIFACTS": str(tmp_path / "artifacts")}
-    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
-    subprocess.run([*git, "init", "-q"], cwd=work, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=work, check=True)
-    subprocess.run([*git, "commit", "-qm", "init"], cwd=work, check=True)
 
     def dvc(*args):
         return subprocess.run(["dvc", *args], cwd=work, env=env, capture_output=True, text=True, timeout=300)
@@ -97,6 +75,18 @@ def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(tmp_path):
     second = dvc("repro")
     assert second.returncode == 0
     assert "didn't change, skipping" in second.stdout
+
+    # a train param changed: only train and evaluate re-run
+    train = yaml.safe_load((work / "params" / "train.yaml").read_text())
+    train["steps"] = 3
+    (work / "params" / "train.yaml").write_text(yaml.safe_dump(train))
+    third = dvc("repro")
+    assert third.returncode == 0, third.stderr + third.stdout
+    ran = [line.split("'")[1] for line in third.stdout.splitlines() if line.startswith("Running stage")]
+    assert ran == ["train", "evaluate"], third.stdout
+    assert yaml.safe_load((work / "metrics" / "train.json").read_text())["steps"] == 3
+    diff = dvc("metrics", "diff", "--json")
+    assert "finetuned/summary/zero_shot" in diff.stdout or diff.stdout.strip() in ("{}", ""), diff.stdout
 
     params["seed"] = 3
     (work / "params" / "captions.yaml").write_text(yaml.safe_dump(params))

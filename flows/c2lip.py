@@ -1,0 +1,230 @@
+"""The Prefect flow ``c2lip``: its deployments ``full``, ``evaluate`` and ``promote``.
+
+    python -m flows.c2lip            # the full flow once, locally, no server (what `make run` does)
+    python -m flows.serve            # serve the three deployments to a Prefect server (`make serve`)
+    prefect deployment run c2lip/full --param overrides='{"train": {"steps": 600}}'
+
+``full`` runs every DVC stage as ``dvc repro <stage>`` in a subprocess (DVC decides what is stale; no
+Prefect result caching), pushes DVC's outputs to the default remote, and registers the trained export in
+the MLflow registry with the ``challenger`` alias. Overrides are partial params — typed by the stages'
+pydantic models, merged over ``params/<stage>.yaml`` and validated before any work — written to the
+params files only for the run (the originals are put back, byte for byte) and recorded as a DVC
+experiment (``dvc exp show``) and in MLflow (the stages log their params; the version is tagged).
+One run per workspace at a time (:mod:`flows.workspace`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from components.params import STAGES as PARAM_MODELS
+from components.params import EvalModelSpec, SuiteParams, load_params
+from flows.workspace import params_overridden, resolve_overrides, workspace_lock
+
+ROOT = Path(__file__).resolve().parent.parent
+PIPELINE = ["captions", "concepts", "base", "train", "benchmarks", "evaluate"]
+# Every stage resumes (finished shards, checkpoints, cached model results), so a retry repeats no
+# finished work; base is frozen (a retry is a no-op) and train's retry resumes from its last checkpoint.
+RETRIES = {"captions": 2, "concepts": 1, "base": 0, "train": 1, "benchmarks": 1, "evaluate": 1}
+
+
+# --------------------------------------------------------------------------------------------------
+# typed overrides: every stage's params model with every field optional
+# --------------------------------------------------------------------------------------------------
+
+
+def partial_model(cls: type[BaseModel]) -> type[BaseModel]:
+    """``cls`` with every field optional (nested params models likewise): what a run may override."""
+    fields: dict[str, Any] = {}
+    for name, info in cls.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            annotation = partial_model(annotation)
+        fields[name] = (annotation | None, Field(None, description=info.description))
+    return create_model(f"{cls.__name__}Override", __config__=ConfigDict(extra="forbid"), __doc__=cls.__doc__, **fields)
+
+
+_OVERRIDABLE = ["captions", "concepts", "train", "benchmarks", "evaluate", "registry"]
+RunOverrides = create_model(
+    "RunOverrides",
+    __config__=ConfigDict(extra="forbid"),
+    __doc__="Params to change for one run, per stage (unset: the workspace's params/<stage>.yaml).",
+    **{stage: (partial_model(PARAM_MODELS[stage]) | None, Field(None, description=f"Overrides of params/{stage}.yaml."))
+       for stage in _OVERRIDABLE},
+)
+
+
+def overrides_dict(overrides: BaseModel | dict | None) -> dict[str, dict[str, Any]]:
+    """Only what the caller set, as plain JSON values."""
+    if overrides is None:
+        return {}
+    if isinstance(overrides, dict):
+        overrides = RunOverrides.model_validate(overrides)
+    return overrides.model_dump(mode="json", exclude_unset=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# tasks
+# --------------------------------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    # the venv's dvc and python first, whatever PATH the worker was started with
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def run_command(args: list[str], cwd: Path = ROOT) -> str:
+    """Run a command, streaming its output into the flow's log; raise with its tail when it fails."""
+    logger = get_run_logger()
+    logger.info("$ %s", " ".join(args))
+    proc = subprocess.Popen(args, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    lines = []
+    for line in proc.stdout:
+        line = line.rstrip()
+        lines.append(line)
+        if line and "\r" not in line:  # progress bars redraw with \r: keep them out of the log
+            logger.info(line)
+    if proc.wait():
+        tail = "\n".join(lines[-30:])
+        raise RuntimeError(f"`{' '.join(args)}` failed with exit code {proc.returncode}:\n{tail}")
+    return "\n".join(lines)
+
+
+@task(cache_policy=NO_CACHE, task_run_name="dvc repro {stage}")
+def dvc_repro(stage: str) -> None:
+    run_command(["dvc", "repro", stage])
+
+
+@task(cache_policy=NO_CACHE, task_run_name="dvc exp save {name}")
+def dvc_exp_save(name: str) -> None:
+    run_command(["dvc", "exp", "save", "--force", "--name", name])
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+def dvc_push() -> None:
+    run_command(["dvc", "push"])
+
+
+@task(cache_policy=NO_CACHE)
+def register_task(tags: dict[str, str]) -> dict[str, Any]:
+    from components import register
+
+    version = register.register(load_params("registry"), extra_tags=tags)
+    return {"name": version.name, "version": str(version.version), "aliases": list(version.aliases)}
+
+
+def _report_summary(path: Path = ROOT / "reports" / "benchmarks.md") -> str:
+    """The report's summary table (the full table stays in the file and in MLflow)."""
+    if not path.is_file():
+        return "(no report)"
+    text = path.read_text()
+    start = text.find("## Summary")
+    end = text.find("## Every metric")
+    return text[start:end].strip() if start >= 0 else text
+
+
+def _artifact_key(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:60] or "c2lip"
+
+
+# --------------------------------------------------------------------------------------------------
+# flows (one flow name, three deployments)
+# --------------------------------------------------------------------------------------------------
+
+
+@flow(name="c2lip", log_prints=True)
+def full(overrides: RunOverrides | None = None, register_version: bool = True, push: bool = True,
+         wait_for_workspace_s: float = 0.0) -> dict[str, Any]:
+    """Every stage (dvc repro), DVC push, then registration of the trained model as the challenger."""
+    changes = overrides_dict(overrides)
+    merged = resolve_overrides(ROOT, changes)  # a bad override fails here, before any work
+    name = str(flow_run.get_name() or f"local-{int(time.time())}")
+    started = time.perf_counter()
+    result: dict[str, Any] = {"flow_run": name, "overrides": changes}
+    with workspace_lock(ROOT, f"flow run {name}", wait_for_workspace_s):
+        with params_overridden(ROOT, merged):
+            for stage in PIPELINE:
+                dvc_repro.with_options(retries=RETRIES[stage])(stage)
+            if merged:
+                experiment = f"{_artifact_key(name)}-{int(time.time())}"
+                dvc_exp_save(experiment)
+                result["dvc_experiment"] = experiment
+            if register_version:
+                tags = {"flow_run": name, "overrides": json.dumps(changes, sort_keys=True)}
+                result["registered"] = register_task(tags)
+        if push:
+            dvc_push()
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    registered = result.get("registered")
+    lines = [f"# c2lip full run `{name}`", "",
+             f"Overrides: `{json.dumps(changes)}`" if changes else "Overrides: none (the workspace's params).",
+             f"Registered: `{registered['name']}` version {registered['version']} (aliases {registered['aliases']})" if registered else "Not registered.",
+             "", _report_summary(), "", f"Full report: `{ROOT / 'reports' / 'benchmarks.md'}`"]
+    create_markdown_artifact(markdown="\n".join(lines), key="c2lip-full", description="Benchmark summary of the run")
+    return result
+
+
+@flow(name="c2lip", log_prints=True)
+def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, benchmarks: SuiteParams | None = None,
+             output_dir: str = "reports/adhoc") -> dict[str, float]:
+    """The benchmark suite for one model (a registered version or alias, a checkpoint, an export folder
+    or an open_clip name + tag), beside an optional reference; outside DVC, under ``output_dir``."""
+    from components import evaluate as ev
+
+    params = load_params("evaluate")
+    params.models = [m for m in (reference, model) if m is not None]
+    if benchmarks is not None:
+        params.benchmarks = benchmarks
+    params.output_dir = ROOT / output_dir / model.name
+    flat = ev.run(params)
+    text = (params.output_dir / "benchmarks.md").read_text()
+    create_markdown_artifact(markdown=text, key=_artifact_key(f"c2lip-evaluate-{model.name}"), description=f"Benchmarks of {model.name}")
+    return {k: v for k, v in flat.items() if "/summary/" in k}
+
+
+@flow(name="c2lip", log_prints=True)
+def promote(candidate: str = "challenger") -> dict[str, Any]:
+    """Move the champion alias to ``candidate`` (alias or version) when params/registry.yaml's gates hold."""
+    from components import register as reg
+
+    params = load_params("registry")
+    try:
+        result = reg.promote(params, candidate)
+    except reg.PromotionRefused as refused:
+        create_markdown_artifact(markdown=refused.promotion.markdown(), key="c2lip-promotion", description="Promotion refused")
+        raise
+    create_markdown_artifact(markdown=result.markdown(), key="c2lip-promotion", description="Promotion")
+    print(result.message)
+    return {"promoted": result.promoted, "version": result.version, "champion_before": result.champion_before, "message": result.message}
+
+
+def where_results_are(result: dict[str, Any]) -> str:
+    from components.tracking import default_tracking_uri
+
+    registered = result.get("registered")
+    db = default_tracking_uri()
+    return "\n".join([
+        f"benchmark report:   {ROOT / 'reports' / 'benchmarks.md'} (chart: reports/benchmarks.png)",
+        f"metrics:            {ROOT / 'reports' / 'metrics.json'} (dvc metrics show)",
+        f"MLflow:             {db}  →  mlflow ui --backend-store-uri {db} --host 127.0.0.1",
+        (f"registered model:   models:/{registered['name']}/{registered['version']} (alias {', '.join(registered['aliases'])})"
+         if registered else "registered model:   (not registered)"),
+        f"took:               {result['seconds']} s",
+    ])
+
+
+if __name__ == "__main__":
+    outcome = full()
+    print("\n" + where_results_are(outcome))

@@ -1,0 +1,144 @@
+"""The Prefect flow c2lip: overrides, the workspace lock, and the deployments on a real Prefect server."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+
+from components.params import ParamsError
+from conftest import REPO, make_clone
+from flows import workspace
+from flows.c2lip import RunOverrides, overrides_dict
+
+
+def test_overrides_are_typed_by_the_params_models_and_validated_whole(tmp_path):
+    assert overrides_dict({"train": {"steps": 5, "optim": {"lr": 0.001}}}) == {"train": {"steps": 5, "optim": {"lr": 0.001}}}
+    with pytest.raises(ValueError, match="stepz"):
+        RunOverrides.model_validate({"train": {"stepz": 5}})  # unknown key: refused by the schema itself
+    with pytest.raises(ValueError, match="traine"):
+        RunOverrides.model_validate({"traine": {}})
+    with pytest.raises(ParamsError, match=r"params/train.yaml \+ overrides: 1 invalid value\(s\)\n  steps: Input should be greater"):
+        workspace.resolve_overrides(REPO, {"train": {"steps": 0}})
+    with pytest.raises(ParamsError, match="global_batch 100 is not divisible by micro_batch 128"):
+        workspace.resolve_overrides(REPO, {"train": {"global_batch": 100}})  # checked against the merged file
+    merged = workspace.resolve_overrides(REPO, {"train": {"optim": {"lr": 0.5}}})
+    assert merged["train"]["optim"]["lr"] == 0.5 and merged["train"]["optim"]["warmup_steps"] == 20  # rest kept
+
+
+def test_params_overrides_are_undone_byte_for_byte_even_on_failure(tmp_path):
+    (tmp_path / "params").mkdir()
+    original = b"# python -m components.train --params params/train.yaml\nsteps: 300  # a comment\n"
+    (tmp_path / "params" / "train.yaml").write_bytes(original)
+    with pytest.raises(RuntimeError):
+        with workspace.params_overridden(tmp_path, {"train": {"steps": 7}}):
+            text = (tmp_path / "params" / "train.yaml").read_text()
+            assert text.startswith("# python -m components.train") and "steps: 7" in text
+            raise RuntimeError("a stage failed")
+    assert (tmp_path / "params" / "train.yaml").read_bytes() == original
+
+
+def test_workspace_lock_refuses_a_second_run_naming_the_first_and_can_wait(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; sys.path.insert(0, sys.argv[1]); from flows.workspace import workspace_lock\n"
+                               "with workspace_lock(sys.argv[2], 'flow run first-run'):\n    print('held', flush=True); time.sleep(3)",
+                               str(REPO), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(workspace.WorkspaceBusy, match="another c2lip run holds the workspace .*flow run first-run.*it was not changed"):
+        with workspace.workspace_lock(tmp_path, "second"):
+            pass
+    started = time.monotonic()
+    with workspace.workspace_lock(tmp_path, "third", wait_s=30, poll_s=0.2):  # queues behind the first
+        waited = time.monotonic() - started
+    assert 0.5 < waited < 30
+    holder.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_deployments_on_a_real_prefect_server(tmp_path):
+    """A Prefect server on 127.0.0.1 (temporary PREFECT_HOME), the deployments served from a fresh clone,
+    then `prefect deployment run`: a run refused while another holds the workspace, a full run with an
+    override (waited to COMPLETED; params files untouched; a DVC experiment; a registered challenger),
+    and a promotion."""
+    work, env = make_clone(tmp_path)
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=api, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_UI_ENABLED="false")
+    prefect = str(REPO / ".venv" / "bin" / "prefect") if (REPO / ".venv" / "bin" / "prefect").exists() else "prefect"
+    server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT)
+    served = None
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{api}/health", timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline and server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+                time.sleep(1)
+        served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=work, env=env,
+                                  stdout=open(tmp_path / "serve.log", "w"), stderr=subprocess.STDOUT)
+
+        def deployment_run(name: str, *params: str, timeout: int = 600) -> subprocess.CompletedProcess:
+            deadline = time.time() + 60
+            while True:  # the served deployments appear once flows.serve has registered them
+                listed = subprocess.run([prefect, "deployment", "ls"], env=env, capture_output=True, text=True)
+                if name.split("/")[1] in listed.stdout:
+                    break
+                assert time.time() < deadline and served.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+                time.sleep(1)
+            args = [prefect, "deployment", "run", name, "--watch", "--watch-timeout", str(timeout)]
+            for p in params:
+                args += ["--param", p]
+            return subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout + 60)
+
+        params_before = {p.name: p.read_bytes() for p in (work / "params").glob("*.yaml")}
+        with workspace.workspace_lock(work, "the test, pretending to be a running full flow"):
+            refused = deployment_run("c2lip/full", timeout=120)
+        assert refused.returncode != 0
+        assert "another c2lip run holds the workspace" in (tmp_path / "serve.log").read_text()
+
+        done = deployment_run("c2lip/full", 'overrides={"train": {"steps": 3}}')
+        log = (tmp_path / "serve.log").read_text()
+        assert done.returncode == 0 and "Completed" in done.stdout, done.stdout + done.stderr + log[-4000:]
+        assert {p.name: p.read_bytes() for p in (work / "params").glob("*.yaml")} == params_before
+        assert yaml.safe_load((work / "metrics" / "train.json").read_text())["steps"] == 3  # the override took effect
+        experiments = subprocess.run(["dvc", "exp", "show", "--json"], cwd=work, env=env, capture_output=True, text=True)
+        assert '"steps": 3' in experiments.stdout.replace("\n", " ").replace("  ", " ") or "steps" in experiments.stdout
+        assert (work / "reports" / "benchmarks.md").is_file() and any((work / ".dvc-remote").rglob("*"))  # pushed
+
+        import mlflow
+
+        mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+        client = mlflow.MlflowClient()
+        version = client.get_model_version_by_alias("c2lip", "challenger")
+        assert str(version.version) == "1" and json.loads(version.tags["overrides"]) == {"train": {"steps": 3}}
+        assert float(version.tags["summary.zero_shot"]) >= 0 and version.tags["method"] == "c2lip"
+
+        promoted = deployment_run("c2lip/promote", timeout=120)
+        assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+        assert str(client.get_model_version_by_alias("c2lip", "champion").version) == "1"
+
+        artifacts = subprocess.run([prefect, "artifact", "ls"], env=env, capture_output=True, text=True)
+        assert "c2lip-full" in artifacts.stdout and "c2lip-promotion" in artifacts.stdout
+    finally:
+        for proc in (served, server):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
