@@ -194,12 +194,17 @@ def _write_shard(params: ConceptsParams, shard: str, keys: list[str], results: l
     atomic_write_parquet(output_path(params, shard), table)
 
 
-def run(params: ConceptsParams) -> dict[str, Any]:
-    """Parse every unfinished shard, then write the stats. Returns the stats."""
-    manifest = read_manifest(params)
+def prepare_output(params: ConceptsParams) -> None:
+    """Keep finished shards made by the same params, code and captions; start afresh otherwise."""
     shaping = params.model_dump(mode="json", exclude={"n_process", "batch_size", "stats_path", "quality_fields", "quality_samples"})
     shaping["manifest_sha"] = fingerprint(None, [params.manifest])  # new captions make old phrases stale
     resume_or_restart(params.output_dir, fingerprint(shaping, [Path(__file__)]), params.splits)
+
+
+def run(params: ConceptsParams) -> dict[str, Any]:
+    """Parse every unfinished shard, then write the stats. Returns the stats."""
+    manifest = read_manifest(params)
+    prepare_output(params)
 
     rows = manifest.select(["key", "shard", params.caption_field]).to_pydict()
     shards: dict[str, list[int]] = {}

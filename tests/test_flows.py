@@ -1,7 +1,8 @@
 """The Prefect flow c2lip: overrides, the workspace lock, and the deployments on a real Prefect server."""
 
+import csv
+import io
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -116,8 +117,12 @@ def test_deployments_on_a_real_prefect_server(tmp_path):
         assert done.returncode == 0 and "Completed" in done.stdout, done.stdout + done.stderr + log[-4000:]
         assert {p.name: p.read_bytes() for p in (work / "params").glob("*.yaml")} == params_before
         assert yaml.safe_load((work / "metrics" / "train.json").read_text())["steps"] == 3  # the override took effect
-        experiments = subprocess.run(["dvc", "exp", "show", "--json"], cwd=work, env=env, capture_output=True, text=True)
-        assert '"steps": 3' in experiments.stdout.replace("\n", " ").replace("  ", " ") or "steps" in experiments.stdout
+        experiments = subprocess.run(["dvc", "exp", "list", "--name-only"], cwd=work, env=env, capture_output=True, text=True)
+        assert len(experiments.stdout.split()) == 1, experiments.stdout + experiments.stderr  # the run, as a DVC experiment
+        shown = subprocess.run(["dvc", "exp", "show", "--csv"], cwd=work, env=env, capture_output=True, text=True)
+        table = list(csv.DictReader(io.StringIO(shown.stdout)))
+        row = next(r for r in table if r.get("Experiment") == experiments.stdout.split()[0])
+        assert row["steps"] == "3", row  # its params: the override
         assert (work / "reports" / "benchmarks.md").is_file() and any((work / ".dvc-remote").rglob("*"))  # pushed
 
         import mlflow
@@ -132,7 +137,9 @@ def test_deployments_on_a_real_prefect_server(tmp_path):
         assert promoted.returncode == 0, promoted.stdout + promoted.stderr
         assert str(client.get_model_version_by_alias("c2lip", "champion").version) == "1"
 
-        artifacts = subprocess.run([prefect, "artifact", "ls"], env=env, capture_output=True, text=True)
+        train_runs = mlflow.search_runs(experiment_names=["c2lip"], filter_string="params.steps = '3'", output_format="list")
+        assert len(train_runs) == 1  # the override is in MLflow too
+        artifacts = subprocess.run([prefect, "artifact", "ls"], env={**env, "COLUMNS": "250"}, capture_output=True, text=True)
         assert "c2lip-full" in artifacts.stdout and "c2lip-promotion" in artifacts.stdout
     finally:
         for proc in (served, server):
@@ -142,3 +149,60 @@ def test_deployments_on_a_real_prefect_server(tmp_path):
                     proc.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+
+
+@pytest.mark.slow
+def test_sharded_data_on_a_two_worker_dask_cluster_matches_the_stages(tmp_path):
+    """Captions and concepts with every shard a Prefect task on a local Dask cluster of 2 worker
+    processes write the same shards, manifest and phrases as the single-process stages."""
+    import pyarrow.parquet as pq
+
+    from components import captions, concepts
+    from components.params import ConceptsParams
+    from conftest import tiny_captions
+    from flows import sharded
+
+    outputs = {}
+    for path in ("stage", "dask"):
+        cap = tiny_captions(tmp_path / path, contact_sheet=None)
+        con = ConceptsParams(manifest=cap.output_dir / "manifest.parquet", output_dir=tmp_path / path / "concepts",
+                             stats_path=tmp_path / path / "concepts.json", n_process=1, quality_samples=0)
+        (tmp_path / path).mkdir(exist_ok=True)
+        (tmp_path / path / "captions.yaml").write_text(yaml.safe_dump(cap.model_dump(mode="json"), sort_keys=False))
+        (tmp_path / path / "concepts.yaml").write_text(yaml.safe_dump(con.model_dump(mode="json"), sort_keys=False))
+        if path == "stage":
+            captions.run(cap)
+            concepts.run(con)
+        else:
+            result = sharded.with_dask(workers=2)(str(tmp_path / path / "captions.yaml"), str(tmp_path / path / "concepts.yaml"))
+            assert result == {"samples_written": 80, "captions_with_phrases": 60}
+        outputs[path] = (cap, con)
+    (cap_a, con_a), (cap_b, con_b) = outputs["stage"], outputs["dask"]
+    tars_a = sorted(p.relative_to(cap_a.output_dir) for p in cap_a.output_dir.rglob("*.tar"))
+    assert len(tars_a) == 4 and tars_a == sorted(p.relative_to(cap_b.output_dir) for p in cap_b.output_dir.rglob("*.tar"))
+    for rel in tars_a:
+        assert (cap_a.output_dir / rel).read_bytes() == (cap_b.output_dir / rel).read_bytes(), rel
+    assert pq.read_table(cap_a.output_dir / "manifest.parquet").equals(pq.read_table(cap_b.output_dir / "manifest.parquet"))
+    shards = sorted(p.relative_to(con_a.output_dir) for p in con_a.output_dir.rglob("*.parquet"))
+    assert len(shards) == 3
+    for rel in shards:
+        a, b = pq.read_table(con_a.output_dir / rel), pq.read_table(con_b.output_dir / rel)
+        assert a.select(["key", "phrases"]).equals(b.select(["key", "phrases"])), rel
+
+
+def test_gpu_work_pool_deployments_name_real_entrypoints_and_valid_parameters():
+    import importlib
+
+    spec = yaml.safe_load((REPO / "infra" / "prefect.yaml").read_text())
+    assert spec["name"] == "c2lip"
+    names = {d["name"] for d in spec["deployments"]}
+    assert {"full-gpu", "evaluate-gpu", "promote", "data-sharded"} <= names
+    for deployment in spec["deployments"]:
+        file, func = deployment["entrypoint"].split(":")
+        module = importlib.import_module(file.removesuffix(".py").replace("/", "."))
+        flow_obj = getattr(module, func)
+        flow_obj.validate_parameters(deployment.get("parameters", {}))  # what the server enforces
+        assert (REPO / file).is_file() and deployment["work_pool"]["name"] == "gpu-pool"
+    full = next(d for d in spec["deployments"] if d["name"] == "full-gpu")
+    merged = workspace.resolve_overrides(REPO, full["parameters"]["overrides"])  # the GPU preset validates whole
+    assert merged["train"]["processes"] == 8
