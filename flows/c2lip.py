@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ from components.params import EvalModelSpec, SuiteParams, load_params
 from flows.workspace import params_overridden, resolve_overrides, workspace_lock
 
 ROOT = Path(__file__).resolve().parent.parent
+PROGRESS = re.compile(r"\d+%\|")
 PIPELINE = ["captions", "concepts", "base", "train", "benchmarks", "evaluate"]
 # Every stage resumes (finished shards, checkpoints, cached model results), so a retry repeats no
 # finished work; base is frozen (a retry is a no-op) and train's retry resumes from its last checkpoint.
@@ -94,7 +96,8 @@ def run_command(args: list[str], cwd: Path = ROOT) -> str:
     for line in proc.stdout:
         line = line.rstrip()
         lines.append(line)
-        if line and "\r" not in line:  # progress bars redraw with \r: keep them out of the log
+        # tqdm redraws its bar with \r, which text mode turns into new lines: log only a finished bar
+        if line and (not PROGRESS.search(line) or "100%|" in line):
             logger.info(line)
     if proc.wait():
         tail = "\n".join(lines[-30:])

@@ -139,8 +139,13 @@ def test_deployments_on_a_real_prefect_server(tmp_path):
 
         train_runs = mlflow.search_runs(experiment_names=["c2lip"], filter_string="params.steps = '3'", output_format="list")
         assert len(train_runs) == 1  # the override is in MLflow too
+        evaluated = deployment_run("c2lip/evaluate", 'model={"name": "champion", "uri": "models:/c2lip@champion"}', timeout=300)
+        assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
+        adhoc = json.loads((work / "reports" / "adhoc" / "champion" / "metrics.json").read_text())
+        assert adhoc["champion/zero_shot/top1"] == json.loads((work / "reports" / "metrics.json").read_text())["finetuned/zero_shot/top1"]
+
         artifacts = subprocess.run([prefect, "artifact", "ls"], env={**env, "COLUMNS": "250"}, capture_output=True, text=True)
-        assert "c2lip-full" in artifacts.stdout and "c2lip-promotion" in artifacts.stdout
+        assert all(key in artifacts.stdout for key in ("c2lip-full", "c2lip-promotion", "c2lip-evaluate-champion")), artifacts.stdout
     finally:
         for proc in (served, server):
             if proc is not None and proc.poll() is None:
