@@ -84,7 +84,13 @@ def overrides_dict(overrides: BaseModel | dict | None) -> dict[str, dict[str, An
 
 def _env() -> dict[str, str]:
     # the venv's dvc and python first, whatever PATH the worker was started with
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # `dvc exp save` commits: on a machine without a git identity (a fresh worker) it would fail
+    identity = subprocess.run(["git", "config", "user.email"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not identity and "GIT_AUTHOR_EMAIL" not in env:
+        env.update(GIT_AUTHOR_NAME="c2lip flow", GIT_AUTHOR_EMAIL="c2lip-flow@localhost",
+                   GIT_COMMITTER_NAME="c2lip flow", GIT_COMMITTER_EMAIL="c2lip-flow@localhost")
+    return env
 
 
 def run_command(args: list[str], cwd: Path = ROOT) -> str:

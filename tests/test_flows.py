@@ -122,7 +122,7 @@ def test_deployments_on_a_real_prefect_server(tmp_path):
         shown = subprocess.run(["dvc", "exp", "show", "--csv"], cwd=work, env=env, capture_output=True, text=True)
         table = list(csv.DictReader(io.StringIO(shown.stdout)))
         row = next(r for r in table if r.get("Experiment") == experiments.stdout.split()[0])
-        assert row["steps"] == "3", row  # its params: the override
+        assert row["params/train.yaml:steps"] == "3", row  # its params: the override
         assert (work / "reports" / "benchmarks.md").is_file() and any((work / ".dvc-remote").rglob("*"))  # pushed
 
         import mlflow
