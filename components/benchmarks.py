@@ -55,28 +55,6 @@ def image_name(index: int) -> str:
     return f"test_{index:06d}.jpg"
 
 
-def negative_for(kind: str, desc: rules.Description, meta: dict, rng: np.random.Generator, world) -> tuple[rules.Description, rules.Description] | None:
-    """(positive, negative) of one SugarCrepe kind for a true description, or None where it does not apply."""
-    colors, shapes, sizes = list(world.colors), list(world.shapes), list(world.sizes)
-    if kind == "add_att":
-        return rules.add_attribute(desc, meta, rng, colors)
-    if kind in ("swap_att", "swap"):
-        neg = rules.swap_attribute(desc, meta, rng, "color")
-    elif kind == "swap_obj":
-        neg = rules.swap_attribute(desc, meta, rng, "shape")
-    elif kind == "replace_att":
-        neg = rules.replace_attribute(desc, meta, rng, colors, "color")
-    elif kind == "replace_obj":
-        neg = rules.replace_attribute(desc, meta, rng, shapes, "shape")
-    elif kind == "replace_rel":
-        neg = rules.replace_relation(desc, meta, rng)
-    elif kind == "add_obj":
-        neg = rules.add_object(desc, meta, rng, colors, shapes, sizes)
-    else:
-        raise ValueError(f"unknown negative kind {kind!r}")
-    return None if neg is None else (desc, neg)
-
-
 def _held(held: set, *descs: rules.Description) -> bool:
     return any(p in held for d in descs for p in d.pairs())
 
@@ -124,7 +102,7 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
         _check(meta, base)
 
         for t, kind in enumerate(SUGARCREPE_SUBSETS):
-            pair = negative_for(kind, base, meta, rng_for(10 + t), world)
+            pair = rules.negative_for(kind, base, meta, rng_for(10 + t), world)
             if pair is None:
                 continue
             pos, neg = pair
@@ -132,7 +110,7 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
             sc[kind][str(len(sc[kind]))] = {"filename": name, "caption": pos.text(), "negative_caption": neg.text(),
                                            "held_out": _held(held, base, neg)}
         for t, kind in enumerate(SUGARCREPE_PP_SUBSETS):
-            pair = negative_for(kind, base, meta, rng_for(30 + t), world)
+            pair = rules.negative_for(kind, base, meta, rng_for(30 + t), world)
             if pair is None:
                 continue
             pos, neg = pair
@@ -141,7 +119,7 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
             scpp[kind].append({"id": len(scpp[kind]), "filename": name, "caption": pos.text(), "caption2": pos2.text(),
                                "negative_caption": neg.text(), "held_out": _held(held, base, neg)})
         for t, kind in enumerate(HARD_POSITIVE_SUBSETS):
-            pair = negative_for(kind, base, meta, rng_for(50 + t), world)
+            pair = rules.negative_for(kind, base, meta, rng_for(50 + t), world)
             if pair is None:
                 continue
             pos, neg = pair

@@ -248,3 +248,29 @@ def aro_attribution(objects: list[dict[str, Any]], i: int, j: int) -> tuple[str,
         return None
     return (f"{definite(true.mentions[0])} and {definite(true.mentions[1])}",
             f"{definite(false.mentions[0])} and {definite(false.mentions[1])}", [a["color"], b["color"]])
+
+
+NEGATIVE_KINDS = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
+
+
+def negative_for(kind: str, desc: Description, meta: dict[str, Any], rng: np.random.Generator, world) -> tuple[Description, Description] | None:
+    """(positive, negative) of one SugarCrepe kind (``NEGATIVE_KINDS``, or ``swap`` = swap_att) for a true
+    description of ``meta``'s scene in ``world`` (ShapesWorldParams); None where the kind does not apply."""
+    colors, shapes, sizes = list(world.colors), list(world.shapes), list(world.sizes)
+    if kind == "add_att":
+        return add_attribute(desc, meta, rng, colors)
+    if kind in ("swap_att", "swap"):
+        neg = swap_attribute(desc, meta, rng, "color")
+    elif kind == "swap_obj":
+        neg = swap_attribute(desc, meta, rng, "shape")
+    elif kind == "replace_att":
+        neg = replace_attribute(desc, meta, rng, colors, "color")
+    elif kind == "replace_obj":
+        neg = replace_attribute(desc, meta, rng, shapes, "shape")
+    elif kind == "replace_rel":
+        neg = replace_relation(desc, meta, rng)
+    elif kind == "add_obj":
+        neg = add_object(desc, meta, rng, colors, shapes, sizes)
+    else:
+        raise ValueError(f"unknown negative kind {kind!r}")
+    return None if neg is None else (desc, neg)

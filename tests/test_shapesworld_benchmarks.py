@@ -73,7 +73,7 @@ def test_on_random_scenes_paraphrases_keep_and_negatives_change_the_meaning(seed
             for other in metas[:40]:  # same truth value in every scene: the meaning did not change
                 assert rules.holds(para, other["objects"], other["background"]) == rules.holds(desc, other["objects"], other["background"])
         for kind in kinds:
-            pair = stage.negative_for(kind, desc, meta, rng, world)
+            pair = rules.negative_for(kind, desc, meta, rng, world)
             if pair is None:
                 continue
             pos, neg = pair
