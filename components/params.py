@@ -265,6 +265,20 @@ class ConceptsParams(Strict):
 # --------------------------------------------------------------------------------------------------
 
 
+class SentenceSamplingParams(Strict):
+    """Sentence sampling (arXiv 2412.15396): each time a caption is used, a random subset of its sentences
+    (in their order) stands for it, so a long caption gives many shorter views."""
+
+    min_sentences: int = Field(1, ge=1, description="Fewest sentences kept (fewer only when the caption has fewer).")
+    max_sentences: int | None = Field(None, ge=1, description="Most sentences kept (None: all of them).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SentenceSamplingParams":
+        if self.max_sentences is not None and self.max_sentences < self.min_sentences:
+            raise ValueError(f"max_sentences ({self.max_sentences}) is smaller than min_sentences ({self.min_sentences})")
+        return self
+
+
 class TrainDataParams(Strict):
     """Where the training samples come from and how they are shaped."""
 
@@ -284,6 +298,8 @@ class TrainDataParams(Strict):
     crop_scale: tuple[float, float] = Field((0.9, 1.0), description="RandomResizedCrop area range.")
     shuffle_buffer: int = Field(2000, ge=1, description="Samples in the seeded shuffle buffer (one per epoch and rank).")
     workers: int = Field(1, ge=0, description="DataLoader worker processes per rank (0: decode in the training process).")
+    sentence_sampling: SentenceSamplingParams | None = Field(
+        None, description="Train on a random subset of each caption's sentences (a data option for any method; None: off).")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainDataParams":

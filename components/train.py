@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -166,6 +167,25 @@ def sample_stream(shards: list[str], seed: int, rank: int, world: int, shuffle_b
         yield from wds.filters.shuffle(bufsize=shuffle_buffer, initial=shuffle_buffer, rng=rng)(samples)
 
 
+def split_sentences(text: str) -> list[str]:
+    """Sentences of a caption: split after '.', '!' or '?' followed by white space."""
+    return [t for t in re.split(r"(?<=[.!?])\s+", text.strip()) if t]
+
+
+def sample_sentences(text: str, min_sentences: int, max_sentences: int | None, generator: torch.Generator | None = None) -> str:
+    """A random subset of ``text``'s sentences, in their order: k uniform in [min, max] (clipped to the
+    caption's count), then k distinct sentences. Uses torch's RNG, seeded per batch by the caller."""
+    sentences = split_sentences(text)
+    n = len(sentences)
+    if n <= 1:
+        return text
+    high = min(n, max_sentences or n)
+    low = min(min_sentences, high)
+    k = int(torch.randint(low, high + 1, (1,), generator=generator))
+    keep = sorted(torch.randperm(n, generator=generator)[:k].tolist())
+    return " ".join(sentences[i] for i in keep)
+
+
 class TrainBatches(IterableDataset):
     """Micro-batches for one rank, from batch ``start`` on. With DataLoader workers, worker w decodes the
     batches b ≡ w (mod workers): DataLoader takes batches from its workers in that same round-robin
@@ -210,6 +230,8 @@ class TrainBatches(IterableDataset):
             except Exception as err:  # noqa: BLE001 - any broken sample: name it and stop
                 raise ValueError(f"{sample.get('__url__', '?')}: sample {key!r}: {err}") from err
             images.append(self.transform(image))
+            if p.data.sentence_sampling is not None:
+                caption = sample_sentences(caption, p.data.sentence_sampling.min_sentences, p.data.sentence_sampling.max_sentences)
             captions.append(caption)
             if self.phrases is not None:
                 if key not in self.phrases:

@@ -129,8 +129,8 @@ def test_the_presets_load_and_validate():
 # --------------------------------------------------------------------------------------------------
 
 
-def _batches(data: Path, out: Path, start: int, count: int, workers: int, rank: int = 0, world: int = 1):
-    params = TrainParams.model_validate(tiny_train(data, out, data={"workers": workers}))
+def _batches(data: Path, out: Path, start: int, count: int, workers: int, rank: int = 0, world: int = 1, **data_options):
+    params = TrainParams.model_validate(tiny_train(data, out, data={"workers": workers, **data_options}))
     _, transform, _, tokenizer = create_model(TINY_SIGLIP)
     shards = train_stage.expand_shards(params.data.shards)
     phrases = train_stage.load_phrases(params.data.concepts_dir)
@@ -152,6 +152,35 @@ def test_the_data_stream_resumes_at_the_same_batch_with_the_same_crops_for_any_w
     # epochs differ in order, and phrase owners index into the batch
     assert not torch.equal(full[0]["texts"], full[8]["texts"])
     assert int(full[0]["phrase_image_index"].max()) < 8
+
+
+def test_sentence_sampling_keeps_an_ordered_subset_of_the_sentences():
+    text = "One. Two two. Three three three! Four? Five."
+    sentences = train_stage.split_sentences(text)
+    assert sentences == ["One.", "Two two.", "Three three three!", "Four?", "Five."]
+    seen_counts = set()
+    for seed in range(40):
+        picked = train_stage.sample_sentences(text, 2, 4, torch.Generator().manual_seed(seed))
+        parts = train_stage.split_sentences(picked)
+        assert 2 <= len(parts) <= 4 and parts == [s for s in sentences if s in parts]  # a subset, in order
+        assert picked == train_stage.sample_sentences(text, 2, 4, torch.Generator().manual_seed(seed))  # seeded
+        seen_counts.add(len(parts))
+    assert seen_counts == {2, 3, 4}
+    assert train_stage.sample_sentences("Just one sentence.", 1, None) == "Just one sentence."
+    assert train_stage.sample_sentences(text, 5, None, torch.Generator().manual_seed(0)) == text  # min = all
+    with pytest.raises(ValueError, match=r"max_sentences \(1\) is smaller than min_sentences \(2\)"):
+        TrainParams.model_validate({"data": {"sentence_sampling": {"min_sentences": 2, "max_sentences": 1}}})
+
+
+def test_sentence_sampling_shortens_the_training_captions(tiny_data, tmp_path):
+    full = _batches(tiny_data, tmp_path, start=0, count=2, workers=0)
+    sampled = _batches(tiny_data, tmp_path, start=0, count=2, workers=0, sentence_sampling={"min_sentences": 1, "max_sentences": 2})
+    again = _batches(tiny_data, tmp_path, start=0, count=2, workers=0, sentence_sampling={"min_sentences": 1, "max_sentences": 2})
+    for a, b, c in zip(full, sampled, again):
+        lengths_full, lengths_sampled = (a["texts"] != 0).sum(1), (b["texts"] != 0).sum(1)
+        assert (lengths_sampled <= lengths_full).all() and (lengths_sampled < lengths_full).any()
+        assert torch.equal(b["texts"], c["texts"])  # the same batches for the same seed
+        assert torch.equal(a["phrase_tokens"], b["phrase_tokens"])  # concepts stay the image's
 
 
 def test_ranks_read_disjoint_shards(tiny_data, tmp_path):
