@@ -435,15 +435,9 @@ def retrieval(path: Path, image_root: Path, name: str, split: str) -> Task:
         if items is not None:  # a subset's images and captions as queries, against every candidate
             queries = torch.zeros(len(images), dtype=torch.bool)
             queries[items] = True
-        return bm.retrieval_recall(I @ T.T, owner, queries=queries)
-
-    # texts are kept per caption (not deduplicated): two images may share a caption, each its own copy
-    task = Task(name, "retrieval", "mean_r1", images, texts, len(images), None, _flags(held), str(path))
-
-    def score_with_mean(I, T, items):
-        out = score(I, T, items)
+        out = bm.retrieval_recall(I @ T.T, owner, queries=queries)
         out["mean_r1"] = (out["image_to_text_r1"] + out["text_to_image_r1"]) / 2
         return out
 
-    task.score = score_with_mean
-    return task
+    # texts are kept per caption (not deduplicated): two images may share a caption, each its own copy
+    return Task(name, "retrieval", "mean_r1", images, texts, len(images), score, _flags(held), str(path))

@@ -36,7 +36,6 @@ from components.atomic import atomic_write_bytes, atomic_write_json
 from components.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
 
 EXPORT_CONFIG = "open_clip_config.json"  # what our exports (and MLflow-registered models) hold
-EXPORT_WEIGHTS = "open_clip_model.safetensors"
 MISSING_SHOWN = 5
 ROOT = Path(__file__).resolve().parent.parent
 CODE = [Path(__file__), Path(bd.__file__), Path(bd.bm.__file__)]

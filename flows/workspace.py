@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from components.atomic import atomic_write_bytes
-from components.params import ParamsError, validate_params
+from components.params import validate_params
 
 LOCK_NAME = ".c2lip-run.lock"
 
@@ -103,5 +103,3 @@ def params_overridden(root: Path, merged: dict[str, dict[str, Any]]) -> Iterator
         for path, content in originals.items():
             atomic_write_bytes(path, content)
 
-
-__all__ = ["WorkspaceBusy", "workspace_lock", "merge", "resolve_overrides", "params_overridden", "ParamsError"]
