@@ -14,6 +14,8 @@ Pure functions of (caption or scene, rng); no I/O.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -139,3 +141,267 @@ def synonym_replace(doc, rng: np.random.Generator) -> str | None:
 def real_positive(doc, rng: np.random.Generator) -> str | None:
     """A reordering where the caption has one, else a synonym; None if neither applies."""
     return swap_conjuncts(doc) or synonym_replace(doc, rng)
+
+
+# ----------------------------------------------------------------------------------------------------
+# ShapesWorld training captions: exact edits of the caption itself (NegCLIP, hard positives + negatives)
+# ----------------------------------------------------------------------------------------------------
+# A hard negative must differ from the caption it is paired with by a small edit (a bag-of-words model
+# cannot tell them apart); a fresh description would be an easy negative. So the sample's own long or short
+# caption is read into its claims, one claim edited, and the result checked against the scene.
+
+_OBJECT_SENTENCE = re.compile(r"^(There is|The image shows|We can see) a (\S+) (\S+) (\S+)\.$")
+_RELATION_WORDS = "|".join(sorted({*rules.RELATIONS, *rules.RELATION_SYNONYMS}, key=len, reverse=True))
+_RELATION_SENTENCE = re.compile(rf"^The (\S+) (\S+) is ({_RELATION_WORDS}) the (\S+) (\S+)\.$")
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One sentence of a ShapesWorld caption: ``text`` (kept verbatim: the count/background sentence),
+    ``object`` (``prefix`` + "a size color shape"), ``relation`` (the first mention ``relation`` the second)
+    or ``description`` (a short caption: a :class:`rules.Description`)."""
+
+    kind: str
+    text: str = ""
+    mentions: tuple[rules.Mention, ...] = ()
+    relation: str | None = None
+    description: rules.Description | None = None
+
+    def render(self) -> str:
+        if self.kind == "object":
+            return f"{self.text} a {self.mentions[0].words()}."
+        if self.kind == "relation":
+            a, b = self.mentions
+            return f"The {a.color} {a.shape} is {self.relation} the {b.color} {b.shape}."
+        if self.kind == "description":
+            return self.description.text()
+        return self.text
+
+    def claim(self) -> rules.Description | None:
+        if self.kind == "object":
+            return rules.Description(self.mentions)
+        if self.kind == "relation":
+            return rules.Description(self.mentions, relation=self.relation)
+        return self.description
+
+
+@dataclass(frozen=True)
+class ShapesCaption:
+    """A ShapesWorld caption as sentences whose claims can be edited and checked against a scene."""
+
+    sentences: tuple[Sentence, ...]
+
+    def text(self) -> str:
+        return " ".join(s.render() for s in self.sentences)
+
+    def holds(self, meta: dict[str, Any]) -> bool:
+        """Every claim true of the scene (verbatim sentences are the original caption's, true by construction)."""
+        claims = [s.claim() for s in self.sentences]
+        return all(rules.holds(c, meta["objects"], meta.get("background")) for c in claims if c is not None)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (color, shape) pairs named, in order of first mention."""
+        seen: list[tuple[str, str]] = []
+        for s in self.sentences:
+            mentions = s.description.mentions if s.kind == "description" else s.mentions
+            for m in mentions:
+                if m.color is not None and (m.color, m.shape) not in seen:
+                    seen.append((m.color, m.shape))
+        return seen
+
+    def recolor(self, mapping: dict[tuple[str, str], tuple[str, str]]) -> "ShapesCaption":
+        """Every mention of a (color, shape) in ``mapping`` replaced by the mapped (color, shape)."""
+        def edit(m: rules.Mention) -> rules.Mention:
+            if m.color is None or (m.color, m.shape) not in mapping:
+                return m
+            color, shape = mapping[(m.color, m.shape)]
+            return replace(m, color=color, shape=shape)
+
+        out = []
+        for s in self.sentences:
+            if s.kind == "description":
+                out.append(replace(s, description=replace(s.description, mentions=tuple(edit(m) for m in s.description.mentions))))
+            else:
+                out.append(replace(s, mentions=tuple(edit(m) for m in s.mentions)))
+        return ShapesCaption(tuple(out))
+
+
+def parse_shapes_caption(text: str) -> ShapesCaption | None:
+    """The long caption's sentences (object and relation sentences structured, the rest verbatim), or a short
+    caption as one description; None for text of another form (the raw alt-text)."""
+    short = _parse_description(text)
+    if short is not None:
+        return ShapesCaption((Sentence("description", description=short),))
+    sentences = []
+    for sentence in re.split(r"(?<=\.)\s+", text.strip()):
+        if m := _OBJECT_SENTENCE.match(sentence):
+            sentences.append(Sentence("object", text=m[1], mentions=(rules.Mention(shape=m[4], color=m[3], size=m[2]),)))
+        elif m := _RELATION_SENTENCE.match(sentence):
+            mentions = (rules.Mention(shape=m[2], color=m[1]), rules.Mention(shape=m[5], color=m[4]))
+            sentences.append(Sentence("relation", mentions=mentions, relation=m[3]))
+        else:
+            sentences.append(Sentence("text", text=sentence))
+    if not any(s.kind != "text" for s in sentences):
+        return None
+    return ShapesCaption(tuple(sentences))
+
+
+_MENTION = r"a ([^\s,.]+) ([^\s,.]+) ([^\s,.]+)"
+_SHORT = re.compile(rf"^(?:There is )?{_MENTION}(?: ({_RELATION_WORDS}) {_MENTION})?((?:,? and {_MENTION})*)(?: on a ([^\s,.]+) background)?\.$", re.I)
+
+
+def _parse_description(text: str) -> rules.Description | None:
+    """A short caption ("A large red circle above a small blue square, and a large green cross.")."""
+    m = _SHORT.match(text.strip())
+    if m is None:
+        return None
+    mentions = [rules.Mention(shape=m[3], color=m[2], size=m[1].lower())]
+    if m[4]:
+        mentions.append(rules.Mention(shape=m[7], color=m[6], size=m[5]))
+    mentions += [rules.Mention(shape=s, color=c, size=z) for z, c, s in re.findall(_MENTION, m[8] or "")]
+    form = "there" if text.lower().startswith("there is") else "plain"
+    return rules.Description(tuple(mentions), relation=m[4], background=m[12], form=form)
+
+
+def caption_negatives(caption: ShapesCaption, meta: dict[str, Any], rng: np.random.Generator,
+                      vocabulary: list[tuple[str, str]], kinds=SWAP_AND_REPLACE) -> dict[str, ShapesCaption]:
+    """Per kind that applies, one edit of the caption that is false of the scene (tried in random order):
+    swap_att / swap_obj swap the colors / shapes of two named objects everywhere they are named,
+    replace_att / replace_obj give one named object another color / shape such that the new (color, shape)
+    is in ``vocabulary`` (the train stage passes the pairs its batch shows, so a held-out pair is never
+    named), replace_rel inverts a relation."""
+    out = {}
+    pairs = caption.pairs()
+    allowed = set(vocabulary)
+    for kind in kinds:
+        candidates: list[ShapesCaption] = []
+        if kind in ("swap_att", "swap_obj"):
+            for i, (ca, sa) in enumerate(pairs):
+                for cb, sb in pairs[i + 1:]:
+                    if kind == "swap_att" and ca != cb:
+                        candidates.append(caption.recolor({(ca, sa): (cb, sa), (cb, sb): (ca, sb)}))
+                    if kind == "swap_obj" and sa != sb:
+                        candidates.append(caption.recolor({(ca, sa): (ca, sb), (cb, sb): (cb, sa)}))
+        elif kind in ("replace_att", "replace_obj"):
+            for c, s in pairs:
+                options = sorted(p for p in allowed if (p[1] == s) != (p[0] == c) and (p[1] == s) == (kind == "replace_att"))
+                candidates += [caption.recolor({(c, s): new}) for new in options if new not in pairs]
+        elif kind == "replace_rel":
+            for k, s in enumerate(caption.sentences):
+                if s.kind == "relation":
+                    inverse = rules.INVERSE_RELATION[rules.RELATION_SYNONYMS.get(s.relation, s.relation)]
+                    edited = list(caption.sentences)
+                    edited[k] = replace(s, relation=inverse)
+                    candidates.append(ShapesCaption(tuple(edited)))
+                elif s.kind == "description" and s.description.relation is not None:
+                    d = s.description
+                    inverse = rules.INVERSE_RELATION[rules.RELATION_SYNONYMS.get(d.relation, d.relation)]
+                    candidates.append(ShapesCaption((replace(s, description=replace(d, relation=inverse)),)))
+        else:
+            raise ValueError(f"unknown negative kind {kind!r} (one of {', '.join(SWAP_AND_REPLACE)})")
+        for k in rng.permutation(len(candidates)):
+            if not candidates[k].holds(meta):
+                out[kind] = candidates[k]
+                break
+    return out
+
+
+def caption_positives(caption: ShapesCaption) -> dict[str, ShapesCaption]:
+    """Meaning-preserving rewrites that apply: ``reorder`` (the object sentences in reverse order),
+    ``invert`` ("the A is left of the B" → "the B is right of the A", every relation), ``synonym`` (every
+    size and relation word replaced by the world's synonym: large → big, above → over)."""
+    out = {}
+    sentences = list(caption.sentences)
+    objects = [k for k, s in enumerate(sentences) if s.kind == "object"]
+    if len(objects) > 1:
+        reordered = list(sentences)
+        for k, j in zip(objects, reversed(objects)):
+            reordered[k] = sentences[j]
+        out["reorder"] = ShapesCaption(tuple(reordered))
+    inverted, synonyms, changed_inv, changed_syn = [], [], False, False
+    for s in sentences:
+        if s.kind == "relation":
+            a, b = s.mentions
+            inverted.append(replace(s, mentions=(b, a), relation=rules.INVERSE_RELATION[rules.RELATION_SYNONYMS.get(s.relation, s.relation)]))
+            changed_inv = True
+        elif s.kind == "description" and s.description.relation is not None:
+            inverted.append(replace(s, description=rules.paraphrase(s.description)))
+            changed_inv = True
+        else:
+            inverted.append(s)
+        if s.kind == "object" and s.mentions[0].size in rules.SIZE_TO_SYNONYM:
+            m = s.mentions[0]
+            synonyms.append(replace(s, mentions=(replace(m, size=rules.SIZE_TO_SYNONYM[m.size]),)))
+            changed_syn = True
+        elif s.kind == "relation" and s.relation in rules.RELATION_TO_SYNONYM:
+            synonyms.append(replace(s, relation=rules.RELATION_TO_SYNONYM[s.relation]))
+            changed_syn = True
+        elif s.kind == "description":
+            d = rules.synonym_paraphrase(s.description, "size") or s.description
+            d = rules.synonym_paraphrase(d, "relation") or d
+            changed_syn |= d != s.description
+            synonyms.append(replace(s, description=d))
+        else:
+            synonyms.append(s)
+    if changed_inv:
+        out["invert"] = ShapesCaption(tuple(inverted))
+    if changed_syn:
+        out["synonym"] = ShapesCaption(tuple(synonyms))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# CLIC (arXiv 2505.24424): texts of a concatenated image pair
+# ----------------------------------------------------------------------------------------------------
+
+# parts of speech CLIC never swaps
+CLIC_EXCLUDED_POS = {"AUX", "DET", "INTJ", "PART", "PUNCT", "SYM", "X", "SCONJ", "CCONJ"}
+Token = tuple[int, int, str, str]  # (start, end, text, part of speech) within the sentence
+
+
+def shapesworld_tokens(sentence: str, meta: dict[str, Any]) -> list[Token]:
+    """Words of a ShapesWorld sentence tagged by the world's own word classes (exact, no parser): the object
+    count (NUM), the background (BACKGROUND), object colors (COLOR), sizes (SIZE) and shapes (SHAPE) of the
+    scene. Words of no class ("picture", "plain") are left out: a swap of them need not change the meaning."""
+    from components.shapesworld import NUMBER_WORDS
+
+    classes = {NUMBER_WORDS[len(meta["objects"])]: "NUM", meta.get("background"): "BACKGROUND"}
+    for obj in meta["objects"]:
+        classes.update({obj["color"]: "COLOR", obj["size"]: "SIZE", obj["shape"]: "SHAPE"})
+    return [(m.start(), m.end(), m[0], classes[m[0].lower()]) for m in re.finditer(r"[A-Za-z]+", sentence) if m[0].lower() in classes]
+
+
+def spacy_tokens(doc) -> list[Token]:
+    """A parsed sentence's tokens with spaCy's coarse part of speech."""
+    return [(t.idx - doc[0].idx, t.idx - doc[0].idx + len(t.text), t.text, t.pos_) for t in doc]
+
+
+def clic_negative(first: str, second: str, first_tokens: list[Token], second_tokens: list[Token],
+                  rng: np.random.Generator) -> str | None:
+    """CLIC's negative of "first second": one word of a part of speech both sentences have (not AUX, DET,
+    INTJ, PART, PUNCT, SYM, X, SCONJ, CCONJ) swapped between them; a word that occurs in both sentences is
+    never swapped. None when no such pair exists."""
+    words_first = {t[2].lower() for t in first_tokens}
+    words_second = {t[2].lower() for t in second_tokens}
+    options = [(a, b) for a in first_tokens for b in second_tokens
+               if a[3] == b[3] and a[3] not in CLIC_EXCLUDED_POS
+               and a[2].lower() not in words_second and b[2].lower() not in words_first]
+    if not options:
+        return None
+    a, b = options[int(rng.integers(len(options)))]
+    return f"{first[:a[0]]}{b[2].lower()}{first[a[1]:]} {second[:b[0]]}{a[2].lower()}{second[b[1]:]}"
+
+
+def clic_positives(first: list[str], second: list[str], rng: np.random.Generator) -> list[str]:
+    """The four positives of a pair whose captions have sentences ``first`` and ``second`` (image order):
+    p1 = the first sentences in image order, p2 = the same in swapped order, p3 and p4 = one other
+    sentence of each (the first when there is no other), in random order."""
+    def other(sentences: list[str]) -> str:
+        return sentences[1 + int(rng.integers(len(sentences) - 1))] if len(sentences) > 1 else sentences[0]
+
+    p1, p2 = f"{first[0]} {second[0]}", f"{second[0]} {first[0]}"
+    extra = []
+    for _ in range(2):
+        a, b = other(first), other(second)
+        extra.append(f"{a} {b}" if rng.random() < 0.5 else f"{b} {a}")
+    return [p1, p2, *extra]

@@ -1,4 +1,6 @@
-"""The C2LIP method: concept batches, the loss terms and the training module. Pure torch, no I/O.
+"""The training objectives: C2LIP (concept batches and losses), SigLIP/CLIP, the hard-example methods'
+multi-positive contrastive loss (NegCLIP, hard positives + negatives) and CLIC's terms; the training
+module that computes a step's terms. Pure torch, no I/O.
 
 Notation as in DESIGN.md ("The C2LIP method"): x_i image embeddings, t_i caption embeddings, c_k phrase
 (concept) embeddings, u_mj token features of image m, s = exp(logit_scale), b = logit_bias.
@@ -100,6 +102,51 @@ def softmax_contrastive(image_features, text_features, scale, bias=None) -> torc
         logits = logits + bias
     labels = torch.arange(logits.shape[0], device=logits.device)
     return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+
+
+def multi_positive_contrastive(image_features, text_features, positive, query, scale, bias, kind: str = "sigmoid") -> torch.Tensor:
+    """Contrastive loss where an image may have several positive texts and texts may be extra negatives
+    (NegCLIP's hard negatives, hard positives + negatives). image_features [B, D], text_features [T, D];
+    positive [B, T] bool (text t describes image i); query [T] bool (texts used as text→image queries:
+    captions and hard positives, not hard negatives; each has exactly one positive image).
+
+    sigmoid: −Σ log σ(y·(s⟨x_i, t_j⟩ + b)) / B with y = +1 on positives (SigLIP's loss when positive = I).
+    softmax: image→text, each positive pair against the image's negatives only (its other positives are
+    left out of the denominator, so two true captions never compete), averaged over positive pairs; plus
+    text→image cross-entropy over the query texts; the mean of the two (CLIP's loss when positive = I).
+    """
+    logits = scale * image_features @ text_features.T
+    if bias is not None:
+        logits = logits + bias
+    if kind == "sigmoid":
+        labels = positive.to(logits.dtype) * 2 - 1
+        return -F.logsigmoid(labels * logits).sum() / image_features.shape[0]
+    negatives = logits.masked_fill(positive, float("-inf")).logsumexp(dim=1, keepdim=True)  # [B, 1]
+    per_pair = torch.logaddexp(logits, negatives) - logits  # −log softmax of the pair against the negatives
+    image_to_text = per_pair[positive].mean()
+    owner = positive[:, query].float().argmax(dim=0)
+    text_to_image = F.cross_entropy(logits[:, query].T, owner)
+    return (image_to_text + text_to_image) / 2
+
+
+def clic_terms(image_features, positive_features, negative_features, has_negative, scale, bias, kind: str = "sigmoid") -> dict[str, torch.Tensor]:
+    """CLIC's three terms (arXiv 2505.24424) on concatenated image pairs, unweighted.
+
+    image_features [B, D] (composite images); positive_features [4, B, D] (p1: first sentences in image
+    order, p2: the same in swapped order, p3, p4: one other sentence of each); negative_features [B, D]
+    (the word swap of p1) with has_negative [B] bool (no word of a shared part of speech: no negative).
+    ``cont``: the contrastive loss of the images against each positive set, averaged over the four (the
+    negatives are not in it); ``sneg``: per positive, −log of its binary softmax against the image's
+    negative, s⟨x, p⟩ vs s⟨x, n⟩ (the bias cancels); ``uni``: ‖t_p1 − t_p2‖², mean over images.
+    """
+    contrastive = sigmoid_contrastive if kind == "sigmoid" else softmax_contrastive
+    cont = torch.stack([contrastive(image_features, p, scale, bias) for p in positive_features]).mean()
+    pos = (positive_features * image_features.unsqueeze(0)).sum(-1)  # [4, B]
+    neg = (negative_features * image_features).sum(-1)  # [B]
+    margins = scale * (neg.unsqueeze(0) - pos)  # −log softmax([p, n])[p] = softplus(s(n − p))
+    sneg = F.softplus(margins[:, has_negative]).mean() if bool(has_negative.any()) else margins.sum() * 0
+    uni = (positive_features[0] - positive_features[1]).pow(2).sum(-1).mean()
+    return {"cont": cont, "sneg": sneg, "uni": uni}
 
 
 def _labels(image_index: torch.Tensor, num_images: int, dtype) -> torch.Tensor:
@@ -204,16 +251,26 @@ class C2LIPLoss(nn.Module):
         phrase_features: torch.Tensor | None = None,
         phrase_image_index: torch.Tensor | None = None,
         image_tokens: torch.Tensor | None = None,
+        extra_text_features: torch.Tensor | None = None,
+        extra_owner: torch.Tensor | None = None,
+        extra_positive: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Local tensors in, the global batch's loss terms out.
 
         image_features, text_features: [B, D], L2-normalised; logit_scale: s (already exponentiated);
         phrase_features: [K, D] normalised; phrase_image_index: [K], local image of each phrase;
-        image_tokens: [B, J, D] normalised token features (needed when λ_xac > 0).
+        image_tokens: [B, J, D] normalised token features (needed when λ_xac > 0);
+        extra_text_features [E, D]: hard negatives and hard positives, extra_owner [E] the local image
+        each was made from, extra_positive [E] bool (a hard positive of its image, else a negative for all).
         """
         images, counts = gather_rows(image_features)
         texts, _ = gather_rows(text_features)
-        if self.contrastive == "sigmoid":
+        rank = dist.get_rank() if distributed() else 0
+        offset = sum(counts[:rank])
+        if extra_text_features is not None:
+            losses = {"contrastive_loss": self._with_extras(images, texts, extra_text_features, extra_owner + offset,
+                                                            extra_positive, logit_scale, logit_bias)}
+        elif self.contrastive == "sigmoid":
             losses = {"contrastive_loss": sigmoid_contrastive(images, texts, logit_scale, logit_bias)}
         else:
             losses = {"contrastive_loss": softmax_contrastive(images, texts, logit_scale, logit_bias)}
@@ -221,9 +278,8 @@ class C2LIPLoss(nn.Module):
             return losses
         if phrase_features is None or phrase_image_index is None:
             raise ValueError("the concept terms need phrase_features and phrase_image_index")
-        rank = dist.get_rank() if distributed() else 0
         phrases, _ = gather_rows(phrase_features)
-        owner, _ = gather_rows(phrase_image_index + sum(counts[:rank]))  # global image index
+        owner, _ = gather_rows(phrase_image_index + offset)  # global image index
         scale, bias = self.concept_scale_bias(logit_scale, logit_bias)
         if self.lambda_npc > 0:
             losses["npc_loss"] = self.lambda_npc * npc_loss(images, phrases, owner, scale, bias)
@@ -235,12 +291,47 @@ class C2LIPLoss(nn.Module):
         return losses
 
 
+    def _with_extras(self, images, texts, extras, owner, is_positive, scale, bias) -> torch.Tensor:
+        extras, _ = gather_rows(extras)
+        owner, _ = gather_rows(owner)
+        is_positive, _ = gather_rows(is_positive.long())
+        is_positive = is_positive.bool()
+        B = images.shape[0]
+        positive = torch.zeros(B, B + extras.shape[0], dtype=torch.bool, device=images.device)
+        positive[:, :B] = torch.eye(B, dtype=torch.bool, device=images.device)
+        columns = B + torch.nonzero(is_positive).flatten()
+        positive[owner[is_positive], columns] = True
+        query = torch.cat([torch.ones(B, dtype=torch.bool, device=images.device), is_positive])
+        return multi_positive_contrastive(images, torch.cat([texts, extras]), positive, query, scale, bias, self.contrastive)
+
+
+class CLICLoss(nn.Module):
+    """CLIC's objective on a batch of concatenated image pairs (arXiv 2505.24424), as weighted terms:
+    w_cont·L_cont + w_sneg·L_sneg + w_uni·L_uni (0.5, 0.5, 1.0 in the paper). ``contrastive`` picks the
+    sigmoid (SigLIP-family models) or softmax form of L_cont; L_sneg is a binary softmax in both."""
+
+    def __init__(self, contrastive: Literal["sigmoid", "softmax"] = "sigmoid", weight_cont: float = 0.5,
+                 weight_sneg: float = 0.5, weight_uni: float = 1.0):
+        super().__init__()
+        self.contrastive = contrastive
+        self.weights = {"cont": float(weight_cont), "sneg": float(weight_sneg), "uni": float(weight_uni)}
+
+    def forward(self, image_features, positive_features, negative_features, has_negative, logit_scale, logit_bias=None) -> dict[str, torch.Tensor]:
+        """image_features [B, D]; positive_features [4, B, D]; negative_features [B, D]; has_negative [B] bool."""
+        images, _ = gather_rows(image_features)
+        positives, _ = gather_rows(positive_features.transpose(0, 1))  # rows are images: [B, 4, D]
+        negatives, _ = gather_rows(negative_features)
+        has_negative, _ = gather_rows(has_negative.long())
+        terms = clic_terms(images, positives.transpose(0, 1), negatives, has_negative.bool(), logit_scale, logit_bias, self.contrastive)
+        return {f"clic_{k}_loss": self.weights[k] * v for k, v in terms.items()}
+
+
 class C2LIPModule(nn.Module):
     """Model + loss as one module, so DDP or DeepSpeed can wrap a whole training step's forward."""
 
-    def __init__(self, model: nn.Module, loss: C2LIPLoss):
+    def __init__(self, model: nn.Module, loss: C2LIPLoss, clic: CLICLoss | None = None):
         super().__init__()
-        self.model, self.loss = model, loss
+        self.model, self.loss, self.clic = model, loss, clic
 
     def forward(
         self,
@@ -249,8 +340,24 @@ class C2LIPModule(nn.Module):
         phrase_tokens: torch.Tensor | None = None,
         phrase_inverse: torch.Tensor | None = None,
         phrase_image_index: torch.Tensor | None = None,
+        extra_texts: torch.Tensor | None = None,
+        extra_owner: torch.Tensor | None = None,
+        extra_positive: torch.Tensor | None = None,
+        clic_negative_texts: torch.Tensor | None = None,
+        clic_has_negative: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
+        """A training step's loss terms. Plain batches: images [B, 3, H, W], texts [B, L] (+ the concept
+        batch for c2lip, + extra_* token rows for the hard-example methods). A CLIC pair batch: composite
+        images [B, ...], texts [4B, L] (p1..p4 blocks of B), clic_negative_texts [B, L], clic_has_negative [B]."""
         model = self.model
+        bias = getattr(model, "logit_bias", None)
+        if clic_negative_texts is not None:
+            if self.clic is None:
+                raise ValueError("a CLIC pair batch needs the module's clic loss")
+            image_features = model.encode_image(images, normalize=True)
+            positives = model.encode_text(texts, normalize=True).view(4, images.shape[0], -1)
+            negatives = model.encode_text(clic_negative_texts, normalize=True)
+            return self.clic(image_features, positives, negatives, clic_has_negative, model.logit_scale.exp(), bias)
         need_tokens = self.loss.uses_concepts and self.loss.lambda_xac > 0
         if need_tokens:
             pooled, tokens = image_features_and_tokens(model, images)
@@ -261,8 +368,9 @@ class C2LIPModule(nn.Module):
         phrase_features = None
         if self.loss.uses_concepts:
             phrase_features = encode_concepts(model, phrase_tokens, phrase_inverse)
-        bias = getattr(model, "logit_bias", None)
+        extra_features = model.encode_text(extra_texts, normalize=True) if extra_texts is not None else None
         return self.loss(
             image_features, text_features, model.logit_scale.exp(), bias,
             phrase_features=phrase_features, phrase_image_index=phrase_image_index, image_tokens=image_tokens,
+            extra_text_features=extra_features, extra_owner=extra_owner, extra_positive=extra_positive,
         )

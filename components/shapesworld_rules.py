@@ -27,8 +27,8 @@ RELATIONS = tuple(INVERSE_RELATION)
 # hard positives swap them in, and the truth check reads them as the word they stand for.
 SIZE_SYNONYMS = {"big": "large", "little": "small"}
 RELATION_SYNONYMS = {"to the left of": "left of", "to the right of": "right of", "over": "above", "under": "below"}
-_SIZE_TO_SYNONYM = {v: k for k, v in SIZE_SYNONYMS.items()}
-_RELATION_TO_SYNONYM = {v: k for k, v in RELATION_SYNONYMS.items()}
+SIZE_TO_SYNONYM = {v: k for k, v in SIZE_SYNONYMS.items()}
+RELATION_TO_SYNONYM = {v: k for k, v in RELATION_SYNONYMS.items()}
 
 
 @dataclass(frozen=True)
@@ -128,11 +128,11 @@ def synonym_paraphrase(desc: Description, part: str) -> Description | None:
     """The same claims with synonyms: every size word (``part="size"``: large → big) or the relation
     (``part="relation"``: left of → to the left of); None when the caption has no such word."""
     if part == "size":
-        if not any(m.size in _SIZE_TO_SYNONYM for m in desc.mentions):
+        if not any(m.size in SIZE_TO_SYNONYM for m in desc.mentions):
             return None
-        return replace(desc, mentions=tuple(replace(m, size=_SIZE_TO_SYNONYM.get(m.size, m.size)) for m in desc.mentions))
+        return replace(desc, mentions=tuple(replace(m, size=SIZE_TO_SYNONYM.get(m.size, m.size)) for m in desc.mentions))
     if part == "relation":
-        return None if desc.relation not in _RELATION_TO_SYNONYM else replace(desc, relation=_RELATION_TO_SYNONYM[desc.relation])
+        return None if desc.relation not in RELATION_TO_SYNONYM else replace(desc, relation=RELATION_TO_SYNONYM[desc.relation])
     raise ValueError(f"unknown part {part!r}")
 
 

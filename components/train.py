@@ -49,7 +49,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from tqdm import tqdm
 
 from components.atomic import atomic_write_bytes, atomic_write_json, fingerprint
-from components.method import C2LIPLoss, C2LIPModule, concept_batch
+from components.hard_examples import (caption_negatives, caption_positives, clic_negative, clic_positives,
+                                      parse_shapes_caption, real_negatives, real_positive, shapesworld_tokens, spacy_tokens)
+from components.method import C2LIPLoss, C2LIPModule, CLICLoss, concept_batch
 from components.models import create_model
 from components.params import ParamsError, TrainParams, flatten_params, load_params
 from components.tracking import use_experiment
@@ -128,7 +130,7 @@ def preflight(params: TrainParams) -> dict[str, Any]:
     shards = expand_shards(params.data.shards)
     if len(shards) < world:
         raise ParamsError(f"data.shards: {len(shards)} shard(s) for {world} processes; every rank needs at least one shard")
-    if params.method.uses_concepts:
+    if params.method.uses_concepts or params.data.phrases_as_captions > 0:
         if params.data.concepts_dir is None or not any(Path(params.data.concepts_dir).glob("*.parquet")):
             raise ParamsError(f"data.concepts_dir: no Parquet files in {params.data.concepts_dir} (run the concepts stage first)")
     init = params.model.init
@@ -189,11 +191,17 @@ def sample_sentences(text: str, min_sentences: int, max_sentences: int | None, g
 class TrainBatches(IterableDataset):
     """Micro-batches for one rank, from batch ``start`` on. With DataLoader workers, worker w decodes the
     batches b ≡ w (mod workers): DataLoader takes batches from its workers in that same round-robin
-    order, so the sequence is identical for any number of workers."""
+    order, so the sequence is identical for any number of workers.
 
-    def __init__(self, params: TrainParams, shards: list[str], rank: int, world: int, start: int, transform, tokenizer, phrases):
+    What a batch holds depends on the method (:meth:`make_batch`); every random choice in it is a function
+    of (seed, rank, batch index), so a resumed run sees the same batches."""
+
+    def __init__(self, params: TrainParams, shards: list[str], rank: int, world: int, start: int, transform, tokenizer, phrases,
+                 accumulation: int = 1, plain: bool = False):
         self.params, self.shards, self.rank, self.world, self.start = params, shards, rank, world, start
         self.transform, self.tokenizer, self.phrases = transform, tokenizer, phrases
+        self.accumulation, self.plain = accumulation, plain  # plain: images and captions only (calibration)
+        self._nlp = None
 
     def __iter__(self):
         info = get_worker_info()
@@ -209,13 +217,20 @@ class TrainBatches(IterableDataset):
                 yield self.make_batch(chunk, index)
             index += 1
 
-    def make_batch(self, samples: list[dict], index: int) -> dict[str, torch.Tensor]:
+    def nlp(self, name: str):
+        """spaCy, loaded on first use in this worker (only real, non-ShapesWorld captions need it)."""
+        if self._nlp is None:
+            import spacy
+
+            self._nlp = spacy.load(name, exclude=["ner", "lemmatizer"])
+        return self._nlp
+
+    def decode(self, samples: list[dict]) -> list[tuple[str, dict, str, Image.Image]]:
+        """(key, scene metadata, caption of the picked field, image) per sample; a broken sample is named."""
         p = self.params
-        # crops depend on (seed, rank, batch index) only, not on which worker or how many came before
-        torch.manual_seed(hash((p.seed, self.rank, index)) % (2**63))
-        images, captions, phrases = [], [], []
         fields = p.data.caption_fields
         picks = torch.randint(len(fields), (len(samples),)).tolist()
+        out = []
         for sample, pick in zip(samples, picks):
             key = sample["__key__"]
             field = fields[pick]
@@ -229,18 +244,126 @@ class TrainBatches(IterableDataset):
                 image = Image.open(io.BytesIO(sample["jpg"])).convert("RGB")
             except Exception as err:  # noqa: BLE001 - any broken sample: name it and stop
                 raise ValueError(f"{sample.get('__url__', '?')}: sample {key!r}: {err}") from err
+            if self.phrases is not None and key not in self.phrases:
+                raise KeyError(f"{sample.get('__url__', '?')}: sample {key!r} has no phrases in {p.data.concepts_dir}")
+            out.append((key, meta, caption, image))
+        return out
+
+    def make_batch(self, samples: list[dict], index: int) -> dict[str, torch.Tensor]:
+        p = self.params
+        # crops depend on (seed, rank, batch index) only, not on which worker or how many came before
+        torch.manual_seed(hash((p.seed, self.rank, index)) % (2**63))
+        rng = np.random.default_rng([p.seed, self.rank, index])  # hard examples, CLIC's pairing
+        decoded = self.decode(samples)
+        if self.plain:
+            return {"images": torch.stack([self.transform(image) for *_, image in decoded]),
+                    "texts": self.tokenizer([caption for _, _, caption, _ in decoded])}
+        if p.method.name == "clic" and (index // self.accumulation) % 2 == 0:  # every other optimiser step
+            return self.clic_batch(decoded, rng)
+        images, captions = [], []
+        for key, _, caption, image in decoded:
             images.append(self.transform(image))
             if p.data.sentence_sampling is not None:
                 caption = sample_sentences(caption, p.data.sentence_sampling.min_sentences, p.data.sentence_sampling.max_sentences)
+            if p.data.phrases_as_captions > 0 and float(torch.rand(())) < p.data.phrases_as_captions and self.phrases[key]:
+                caption = self.phrases[key][int(torch.randint(len(self.phrases[key]), ()))]
             captions.append(caption)
-            if self.phrases is not None:
-                if key not in self.phrases:
-                    raise KeyError(f"{sample.get('__url__', '?')}: sample {key!r} has no phrases in {p.data.concepts_dir}")
-                phrases.append(self.phrases[key])
         batch = {"images": torch.stack(images), "texts": self.tokenizer(captions)}
-        if self.phrases is not None:
-            batch.update(concept_batch(phrases, self.tokenizer))
+        if p.method.uses_concepts:
+            batch.update(concept_batch([self.phrases[key] for key, *_ in decoded], self.tokenizer))
+        if p.method.uses_hard_examples:
+            batch.update(self.hard_examples(decoded, captions, rng))
         return batch
+
+    def hard_examples(self, decoded, captions: list[str], rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        """Extra text rows: each caption's hard negatives (negclip, hp_hn) and one hard positive (hp_hn),
+        with the image each belongs to. A caption where no rule applies adds none."""
+        h = self.params.method.hard_examples
+        want_positive = self.params.method.name == "hp_hn"
+        vocabulary = sorted({(o["color"], o["shape"]) for _, meta, *_ in decoded for o in meta.get("objects", [])})
+        texts, owners, positive = [], [], []
+        for i, ((_, meta, _, _), caption) in enumerate(zip(decoded, captions)):
+            negatives, positives = caption_hard_examples(caption, meta, rng, vocabulary, h, want_positive, self.nlp)
+            for text in negatives[:h.negatives_per_caption]:
+                texts.append(text), owners.append(i), positive.append(False)
+            if positives:
+                texts.append(positives[0]), owners.append(i), positive.append(True)
+        if not texts:  # keeps every batch's keys the same (ranks gather them together)
+            return {"extra_texts": self.tokenizer([""])[:0], "extra_owner": torch.zeros(0, dtype=torch.long),
+                    "extra_positive": torch.zeros(0, dtype=torch.bool)}
+        return {"extra_texts": self.tokenizer(texts), "extra_owner": torch.tensor(owners), "extra_positive": torch.tensor(positive)}
+
+    def clic_batch(self, decoded, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        """CLIC's pair step: every image concatenated with a partner of the same orientation (side by side
+        when tall or square, stacked when wide; which comes first at random), resized back to the image's
+        size; the four positives and the word-swap negative of each pair."""
+        c = self.params.method.clic
+        images, positives, negatives, has_negative = [], [[], [], [], []], [], []
+        for i, j in pair_indices([img.size for *_, img in decoded], rng):
+            if rng.random() < 0.5:
+                i, j = j, i
+            (_, meta_a, cap_a, img_a), (_, meta_b, cap_b, img_b) = decoded[i], decoded[j]
+            images.append(self.transform(concatenate_pair(img_a, img_b)))
+            first, second = split_sentences(cap_a), split_sentences(cap_b)
+            for k, text in enumerate(clic_positives(first, second, rng)):
+                positives[k].append(text)
+            if meta_a.get("source") == "shapesworld" and meta_b.get("source") == "shapesworld":
+                tokens_a, tokens_b = shapesworld_tokens(first[0], meta_a), shapesworld_tokens(second[0], meta_b)
+            else:
+                nlp = self.nlp(c.spacy_model)
+                tokens_a, tokens_b = spacy_tokens(nlp(first[0])), spacy_tokens(nlp(second[0]))
+            negative = clic_negative(first[0], second[0], tokens_a, tokens_b, rng)
+            negatives.append(negative or "")
+            has_negative.append(negative is not None)
+        return {"images": torch.stack(images), "texts": self.tokenizer([t for block in positives for t in block]),
+                "clic_negative_texts": self.tokenizer(negatives), "clic_has_negative": torch.tensor(has_negative)}
+
+
+def caption_hard_examples(caption: str, meta: dict, rng: np.random.Generator, vocabulary, h, want_positive: bool, nlp) -> tuple[list[str], list[str]]:
+    """(hard negatives, hard positives) of one caption, each list in random order: exact edits for a
+    ShapesWorld caption, spaCy rules otherwise."""
+    if meta.get("source") == "shapesworld" and (parsed := parse_shapes_caption(caption)) is not None:
+        negatives = [c.text() for c in caption_negatives(parsed, meta, rng, vocabulary, h.negative_kinds).values()]
+        positives = [c.text() for k, c in caption_positives(parsed).items() if k in h.positive_kinds] if want_positive else []
+    elif meta.get("source") == "shapesworld":
+        return [], []  # a phrase or the raw alt-text: no claims to edit
+    else:
+        doc = nlp(h.spacy_model)(caption)
+        negatives = real_negatives(doc, rng)
+        positive = real_positive(doc, rng) if want_positive else None
+        positives = [positive] if positive else []
+    order = rng.permutation(len(negatives))
+    return [negatives[k] for k in order], [positives[k] for k in rng.permutation(len(positives))]
+
+
+def pair_indices(sizes: list[tuple[int, int]], rng: np.random.Generator) -> list[tuple[int, int]]:
+    """For every image i a partner j != i of the same orientation (tall, wide, square) where the batch has
+    one (any other image otherwise): each orientation group in random order, paired with its successor."""
+    groups: dict[int, list[int]] = {}
+    for i, (w, h) in enumerate(sizes):
+        groups.setdefault((w > h) - (w < h), []).append(i)
+    partner = {}
+    for members in groups.values():
+        order = [members[k] for k in rng.permutation(len(members))]
+        for k, i in enumerate(order):
+            partner[i] = order[(k + 1) % len(order)]
+    for i in partner:
+        if partner[i] == i and len(sizes) > 1:  # alone in its orientation
+            partner[i] = int(rng.choice([j for j in range(len(sizes)) if j != i]))
+    return [(i, partner[i]) for i in range(len(sizes))]
+
+
+def concatenate_pair(first: Image.Image, second: Image.Image) -> Image.Image:
+    """Side by side for tall or square images, stacked for wide ones, then resized to the first's size
+    (the model sees both at its usual resolution; CLIC resizes the composite likewise)."""
+    w, h = first.size
+    if w > h:
+        out = Image.new("RGB", (w, 2 * h))
+        out.paste(first, (0, 0)), out.paste(second.resize((w, h)), (0, h))
+    else:
+        out = Image.new("RGB", (2 * w, h))
+        out.paste(first, (0, 0)), out.paste(second.resize((w, h)), (w, 0))
+    return out.resize((w, h), Image.Resampling.BILINEAR)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -483,9 +606,10 @@ def plot_losses(points: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    terms = [k for k in points[0] if k.endswith("_loss")]
+    terms = sorted({k for p in points for k in p if k.endswith("_loss")})  # CLIC's terms alternate by step
     for term in ["loss", *terms]:
-        ax.plot([p["step"] for p in points], [p[term] for p in points], label=term, lw=2 if term == "loss" else 1)
+        have = [p for p in points if term in p]
+        ax.plot([p["step"] for p in have], [p[term] for p in have], label=term, lw=2 if term == "loss" else 1)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_yscale("log")
@@ -537,7 +661,7 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
     fp_file = params.output_dir / "_fingerprint.json"
     resuming = bool(latest_tag(ckpt_dir)) and fp_file.is_file() and json.loads(fp_file.read_text()).get("fingerprint") == current
     if params.model.calibrate_logits and not resuming:  # a resumed run has its s and b in the checkpoint
-        calibration = TrainBatches(params, shards, rank, world, 0, transform_train, tokenizer, None)
+        calibration = TrainBatches(params, shards, rank, world, 0, transform_train, tokenizer, None, plain=True)
         batches = list(islice(iter(calibration), params.model.calibrate_logits))
         log_scale, bias = calibrate_logits(model, batches, math.log(params.optim.max_logit_scale))
         # every rank starts from rank 0's fit, so the replicas stay identical
@@ -560,7 +684,12 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
         init_logit_scale=float(model.logit_scale.detach().reshape(-1)[0]),
         init_logit_bias=float(model.logit_bias.detach().reshape(-1)[0]) if getattr(model, "logit_bias", None) is not None else 0.0,
     )
-    module = C2LIPModule(model, loss)
+    clic = None
+    if m.name == "clic":
+        clic = CLICLoss(m.contrastive, m.clic.weight_cont, m.clic.weight_sneg, m.clic.weight_uni)
+        if not m.clic.train_image_tower:  # CLIC fine-tunes the text tower only
+            model.visual.requires_grad_(False)
+    module = C2LIPModule(model, loss, clic)
     optimizer = torch.optim.AdamW(param_groups(module, params.optim), betas=params.optim.betas, eps=params.optim.eps)
     o = params.optim
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -586,9 +715,9 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
         atomic_write_json(fp_file, {"fingerprint": current})
     dist.barrier()
 
-    phrases = load_phrases(params.data.concepts_dir) if m.uses_concepts else None
+    phrases = load_phrases(params.data.concepts_dir) if m.uses_concepts or params.data.phrases_as_captions > 0 else None
     accumulation = ds_config["gradient_accumulation_steps"]
-    batches = TrainBatches(params, shards, rank, world, start_step * accumulation, transform_train, tokenizer, phrases)
+    batches = TrainBatches(params, shards, rank, world, start_step * accumulation, transform_train, tokenizer, phrases, accumulation)
     loader = DataLoader(batches, batch_size=None, num_workers=params.data.workers, persistent_workers=False)
     loader_iter = iter(loader)
 
