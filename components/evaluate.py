@@ -247,17 +247,18 @@ class _Images(torch.utils.data.Dataset):
 
 
 @torch.no_grad()
-def encode_images(model, preprocess, refs: list[bd.ImageRef], batch: int, workers: int, desc: str) -> torch.Tensor:
+def encode_images(model, preprocess, refs: list[bd.ImageRef], batch: int, workers: int, desc: str, progress: bool = True) -> torch.Tensor:
     """L2-normalised embeddings [len(refs), D], in order."""
     loader = torch.utils.data.DataLoader(_Images(refs, preprocess), batch_size=batch, num_workers=workers)
-    out = [model.encode_image(x, normalize=True).float() for x in tqdm(loader, desc=desc, unit="batch", file=sys.stderr, leave=False)]
+    out = [model.encode_image(x, normalize=True).float()
+           for x in tqdm(loader, desc=desc, unit="batch", file=sys.stderr, leave=False, disable=not progress)]
     return torch.cat(out)
 
 
 @torch.no_grad()
-def encode_texts(model, tokenizer, texts: list[str], batch: int, desc: str) -> torch.Tensor:
+def encode_texts(model, tokenizer, texts: list[str], batch: int, desc: str, progress: bool = True) -> torch.Tensor:
     out = [model.encode_text(tokenizer(texts[k:k + batch]), normalize=True).float()
-           for k in tqdm(range(0, len(texts), batch), desc=desc, unit="batch", file=sys.stderr, leave=False)]
+           for k in tqdm(range(0, len(texts), batch), desc=desc, unit="batch", file=sys.stderr, leave=False, disable=not progress)]
     return torch.cat(out)
 
 
@@ -287,7 +288,8 @@ def score_task(task: bd.Task, images: torch.Tensor, texts: torch.Tensor) -> dict
     return out
 
 
-def evaluate_shared(model, preprocess, tokenizer, tasks: list[bd.Task], params: EvaluateParams, label: str = "") -> dict[str, dict[str, float]]:
+def evaluate_shared(model, preprocess, tokenizer, tasks: list[bd.Task], params: EvaluateParams, label: str = "",
+                    progress: bool = True) -> dict[str, dict[str, float]]:
     """Every task, with each distinct image and text encoded once for all of them."""
     image_index: dict[bd.ImageRef, int] = {}
     text_index: dict[str, int] = {}
@@ -296,8 +298,9 @@ def evaluate_shared(model, preprocess, tokenizer, tasks: list[bd.Task], params: 
             image_index.setdefault(ref, len(image_index))
         for text in task.texts:
             text_index.setdefault(text, len(text_index))
-    images = encode_images(model, preprocess, list(image_index), params.image_batch, params.workers, f"{label} images")
-    texts = encode_texts(model, tokenizer, list(text_index), params.text_batch, f"{label} texts") if text_index else torch.zeros(0, images.shape[1])
+    images = encode_images(model, preprocess, list(image_index), params.image_batch, params.workers, f"{label} images", progress)
+    texts = (encode_texts(model, tokenizer, list(text_index), params.text_batch, f"{label} texts", progress) if text_index
+             else torch.zeros(0, images.shape[1]))
     build_classifiers(model, tokenizer, tasks)
     results = {}
     for task in tasks:
@@ -425,6 +428,23 @@ def bar_chart(tasks: list[bd.Task], per_model: dict[str, dict[str, dict[str, flo
 # --------------------------------------------------------------------------------------------------
 
 
+def evaluate_model(spec: EvalModelSpec, tasks: list[bd.Task], params: EvaluateParams, suite_fp: str, quiet: bool = False) -> dict[str, dict[str, float]]:
+    """One model's results on the loaded suite, from the cache when the same weights met the same suite."""
+    kind, where = resolve_model(spec, params.cache_dir / "downloads")
+    fp = hashlib.sha256(f"{model_fingerprint(kind, where)}:{suite_fp}".encode()).hexdigest()[:16]
+    cached = params.cache_dir / f"{spec.name}-{fp}.json"
+    if cached.is_file():
+        print(f"evaluate: {spec.name}: results of the same weights and suite found in {cached}", file=sys.stderr)
+        return json.loads(cached.read_text())
+    model, preprocess, tokenizer = load_model(kind, where, spec)
+    t0 = time.perf_counter()
+    # quiet: a caller evaluating several models at once keeps one progress bar of its own
+    results = evaluate_shared(model, preprocess, tokenizer, tasks, params, label=spec.name, progress=not quiet)
+    print(f"evaluate: {spec.name}: {len(tasks)} benchmarks in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    atomic_write_json(cached, results)
+    return results
+
+
 def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
     started = time.perf_counter()
     if params.torch_threads:
@@ -435,19 +455,8 @@ def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
     per_model: dict[str, dict[str, dict[str, float]]] = {}
     meta: dict[str, str] = {}
     for spec in params.models:
-        kind, where = resolve_model(spec, params.cache_dir / "downloads")
         meta[spec.name] = spec.uri or f"{spec.arch} / {spec.pretrained}"
-        fp = hashlib.sha256(f"{model_fingerprint(kind, where)}:{suite_fp}".encode()).hexdigest()[:16]
-        cached = params.cache_dir / f"{spec.name}-{fp}.json"
-        if cached.is_file():
-            per_model[spec.name] = json.loads(cached.read_text())
-            print(f"evaluate: {spec.name}: results of the same weights and suite found in {cached}", file=sys.stderr)
-            continue
-        model, preprocess, tokenizer = load_model(kind, where, spec)
-        t0 = time.perf_counter()
-        per_model[spec.name] = evaluate_shared(model, preprocess, tokenizer, tasks, params, label=spec.name)
-        print(f"evaluate: {spec.name}: {len(tasks)} benchmarks in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        atomic_write_json(cached, per_model[spec.name])
+        per_model[spec.name] = evaluate_model(spec, tasks, params, suite_fp)
     names = [m.name for m in params.models]
     flat = flat_metrics(tasks, per_model)
     out = params.output_dir

@@ -640,9 +640,68 @@ class RegistryParams(Strict):
     mlflow_experiment: str = Field("c2lip", min_length=1, description="MLflow experiment of the registration runs.")
 
 
+# --------------------------------------------------------------------------------------------------
+# the comparison of methods (components/compare.py)
+# --------------------------------------------------------------------------------------------------
+
+
+class CompareArm(Strict):
+    """One arm of the comparison: a name and what it changes in the train params (a partial mapping,
+    merged over ``common``; the result is validated as the train stage's params)."""
+
+    name: str = Field(pattern=_MODEL_LABEL, description="Row of the report (a method, or a control).")
+    description: str = Field("", description="One line for the report: what the arm tests.")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="Train params changed for this arm, e.g. {method: {name: clic}}.")
+
+
+class WorldDifficulty(Strict):
+    """A ShapesWorld variant to compare the methods in (None anywhere: the captions stage's own value). Data,
+    concepts and benchmarks of the variant are generated under the comparison's output_dir; the base model
+    stays the same, so a variant should only use the default world's words (subsets, object counts)."""
+
+    min_objects: int | None = Field(None, ge=1, le=9, description="Fewest objects per image.")
+    max_objects: int | None = Field(None, ge=1, le=9, description="Most objects per image (more objects: long captions a bag of words matches less easily).")
+    colors: int | None = Field(None, ge=2, description="Use the first N colors of the world (a smaller vocabulary).")
+    shapes: int | None = Field(None, ge=2, description="Use the first N shapes of the world.")
+    caption_field: Literal["long", "short"] | None = Field(None, description="Caption trained on: long (every object, ~7 sentences) or short (one sentence).")
+    train_images: int | None = Field(None, ge=64, description="Training images generated for the variant.")
+    test_images: int | None = Field(None, ge=64, description="Test images (benchmarks) generated for the variant.")
+
+
+class CompareParams(Strict):
+    """Every method trained from the same base on the same data with the same budget, over several seeds,
+    each judged by the same suite; one table and one chart."""
+
+    train_params: Path = Field(Path("params/train.yaml"), description="The train params every arm starts from (data, base model, optimiser).")
+    evaluate_params: Path = Field(Path("params/evaluate.yaml"), description="The suite every arm is judged by (its models list is replaced).")
+    captions_params: Path = Field(Path("params/captions.yaml"), description="The world a `world` variant starts from.")
+    concepts_params: Path = Field(Path("params/concepts.yaml"), description="Noun-phrase extraction for a `world` variant.")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="Seeds; every arm runs once per seed.")
+    common: dict[str, Any] = Field(default_factory=dict, description="Train params every arm shares: the budget (steps, batch).")
+    arms: list[CompareArm] = Field(min_length=2, description="The arms, each a train-params change.")
+    reference: str = Field("siglip", description="The arm every other is compared with, seed by seed (paired differences).")
+    parallel: int = Field(2, ge=1, description="Arms run at once, one torch thread each (2 one-thread processes beat one 2-thread process on 2 cores).")
+    world: WorldDifficulty | None = Field(None, description="A ShapesWorld variant (None: the pipeline's own data and benchmarks).")
+    output_dir: Path = Field(Path("models/compare"), description="Each run's params, checkpoints, export and evaluation.")
+    report_dir: Path = Field(Path("reports"), description="compare.md, compare.png and compare.json are written here.")
+    mlflow_experiment: str = Field("c2lip-compare", min_length=1, description="MLflow experiment of the arms' train runs and the comparison run.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "CompareParams":
+        names = [a.name for a in self.arms]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"arms: names must be unique, {dupes} repeat")
+        if self.reference not in names:
+            raise ValueError(f"reference {self.reference!r} is not an arm ({', '.join(names)})")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds: a seed is listed twice")
+        return self
+
+
 STAGES: dict[str, type[Strict]] = {
     "captions": CaptionsParams, "concepts": ConceptsParams, "train": TrainParams, "base": TrainParams,
-    "benchmarks": BenchmarksParams, "evaluate": EvaluateParams, "registry": RegistryParams,
+    "benchmarks": BenchmarksParams, "evaluate": EvaluateParams, "registry": RegistryParams, "compare": CompareParams,
 }
 
 

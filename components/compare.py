@@ -1,0 +1,465 @@
+"""The comparison of methods: every arm (a method, or a control) fine-tuned from the same base model on the
+same data with the same budget, once per seed, each judged by the same benchmark suite.
+
+    python -m components.compare --params params/compare.yaml          (make compare)
+    prefect deployment run c2lip/compare                                (the flow maps the runs as tasks)
+
+Each run is the train stage as a subprocess with one torch thread (``parallel`` at a time), in
+``output_dir/<arm>/seed<k>/``, then its export evaluated in this process on the suite loaded once (one
+thread per run); a finished run leaves ``done.json`` keyed by its params, the suite and the training and
+evaluation code, so a killed comparison resumes where it stopped (a run killed mid-way
+resumes from its own checkpoints). Outputs: ``report_dir/compare.md`` (method × benchmark group, mean ±
+standard deviation over seeds, paired differences against the reference, held-out combinations
+separately, every benchmark's headline), ``compare.png``, ``compare.json``, and one MLflow run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import yaml
+from tqdm import tqdm
+
+from components.atomic import atomic_write_bytes, atomic_write_json, fingerprint
+from components.params import (CompareParams, EvaluateParams, ParamsError, TrainParams, load_params, validate_params)
+
+ROOT = Path(__file__).resolve().parent.parent
+GROUPS = ("compositional", "zero_shot", "retrieval")
+EVALUATION_CODE = [Path(__file__).with_name(n) for n in ("evaluate.py", "benchmark_data.py", "benchmark_metrics.py")]
+
+
+@dataclass(frozen=True)
+class Run:
+    arm: str
+    seed: int
+    dir: Path
+    train: TrainParams
+
+    @property
+    def label(self) -> str:
+        return f"{self.arm}-s{self.seed}"
+
+
+def deep_merge(base: dict, change: dict) -> dict:
+    """``base`` with ``change`` merged in, mappings recursively (a list or value replaces)."""
+    out = copy.deepcopy(base)
+    for key, value in change.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else copy.deepcopy(value)
+    return out
+
+
+def _read_yaml(path: Path) -> dict:
+    if not Path(path).is_file():
+        raise ParamsError(f"{path}: params file not found")
+    return yaml.safe_load(Path(path).read_text()) or {}
+
+
+# --------------------------------------------------------------------------------------------------
+# the world: the pipeline's own data, or a variant generated here
+# --------------------------------------------------------------------------------------------------
+
+
+def world_dir(params: CompareParams) -> Path:
+    payload = params.world.model_dump(mode="json") if params.world else {}
+    return params.output_dir / ("world-" + fingerprint(payload, [])[:10])
+
+
+def world_data(params: CompareParams) -> dict[str, Any]:
+    """Train-param and evaluate-param changes that point every run at the comparison's world."""
+    if params.world is None:
+        return {"train": {}, "benchmarks_root": None, "manifest": Path(_read_yaml(params.concepts_params).get("manifest", "data/captions/manifest.parquet"))}
+    root = world_dir(params)
+    train = {"data": {"shards": [str(root / "captions" / "train" / "*.tar")], "concepts_dir": str(root / "concepts" / "train")},
+             "test_shards": [str(root / "captions" / "test" / "*.tar")]}
+    if params.world.caption_field:
+        train["data"]["caption_field"] = params.world.caption_field
+    return {"train": train, "benchmarks_root": root / "benchmarks", "manifest": root / "captions" / "manifest.parquet"}
+
+
+def prepare_world(params: CompareParams) -> None:
+    """Generate the variant's captions, noun phrases and benchmark suite with the stages' own code (each
+    resumes and writes atomically); nothing for the pipeline's own world."""
+    if params.world is None:
+        return
+    from components import benchmarks, captions, concepts
+
+    w, root = params.world, world_dir(params)
+    cap = _read_yaml(params.captions_params)
+    world = dict(cap.get("shapesworld") or {})
+    if w.colors:
+        colors = dict(world.get("colors") or load_params("captions", params.captions_params).shapesworld.model_dump()["colors"])
+        world["colors"] = dict(list(colors.items())[: w.colors])
+    if w.shapes:
+        shapes = list(world.get("shapes") or load_params("captions", params.captions_params).shapesworld.shapes)
+        world["shapes"] = shapes[: w.shapes]
+    for key in ("min_objects", "max_objects", "train_images", "test_images"):
+        if getattr(w, key) is not None:
+            world[key] = getattr(w, key)
+    cap = {**cap, "shapesworld": world, "output_dir": str(root / "captions"), "source": "shapesworld"}
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(root / "captions.yaml", yaml.safe_dump(cap, sort_keys=False).encode())
+    captions_params = validate_params("captions", cap, root / "captions.yaml")
+    if not (root / "captions" / "manifest.parquet").is_file():
+        captions.run(captions_params)
+    con = {**_read_yaml(params.concepts_params), "manifest": str(root / "captions" / "manifest.parquet"), "output_dir": str(root / "concepts"),
+           "splits": ["train"]}
+    if w.caption_field:
+        con["caption_field"] = w.caption_field
+    concepts_params = validate_params("concepts", con, params.concepts_params)
+    if not any((root / "concepts" / "train").glob("*.parquet")):
+        concepts.run(concepts_params)
+    if not (root / "benchmarks" / "stats.json").is_file():
+        benchmarks.run(validate_params("benchmarks", {"captions_params": str(root / "captions.yaml"), "output_dir": str(root / "benchmarks")}))
+
+
+def world_figures(manifest: Path) -> dict[str, float]:
+    """How far the world meets C2LIP's premise, from the training split's true object phrases: objects per
+    image, vocabulary, and the share of captions a bag of words cannot bind (two objects that differ in both
+    color and shape: swapping their colors keeps every word and changes the scene)."""
+    if not Path(manifest).is_file():
+        return {}
+    table = pq.read_table(manifest, columns=["split", "object_phrases"]).to_pydict()
+    phrases = [p for s, p in zip(table["split"], table["object_phrases"]) if s == "train" and p]
+    if not phrases:
+        return {}
+    objects = [[tuple(x.split()[-2:]) for x in image] for image in phrases]  # (color, shape) of "a size color shape"
+    ambiguous = sum(any(a[0] != b[0] and a[1] != b[1] for i, a in enumerate(o) for b in o[i + 1:]) for o in objects)
+    return {"train_images": len(objects), "objects_per_image": sum(map(len, objects)) / len(objects),
+            "colors": len({c for o in objects for c, _ in o}), "shapes": len({s for o in objects for _, s in o}),
+            "bag_of_words_ambiguous": ambiguous / len(objects)}
+
+
+# --------------------------------------------------------------------------------------------------
+# the runs
+# --------------------------------------------------------------------------------------------------
+
+
+def evaluate_params(params: CompareParams) -> EvaluateParams:
+    """The suite every run is judged by: the evaluate params' benchmarks (the variant's files for a world
+    variant), one torch thread (runs are evaluated side by side)."""
+    evaluate = _read_yaml(params.evaluate_params)
+    data = world_data(params)
+    if data["benchmarks_root"] is not None:  # the variant's suite: same benchmarks, the variant's files
+        text = yaml.safe_dump(evaluate.get("benchmarks", {}))
+        evaluate["benchmarks"] = yaml.safe_load(text.replace("data/benchmarks/shapesworld", str(data["benchmarks_root"])))
+    evaluate.update(models=[{"name": "compare", "uri": "unused"}], torch_threads=1, workers=0)
+    return validate_params("evaluate", evaluate, params.evaluate_params)
+
+
+def plan(params: CompareParams) -> list[Run]:
+    """Every (arm, seed) run with its validated train params; an invalid arm is named."""
+    base = _read_yaml(params.train_params)
+    data = world_data(params)
+    runs = []
+    for arm in params.arms:
+        for seed in params.seeds:
+            out = params.output_dir / arm.name / f"seed{seed}"
+            merged = deep_merge(deep_merge(deep_merge(base, data["train"]), params.common), arm.overrides)
+            merged.update(seed=seed, output_dir=str(out / "train"), metrics_path=str(out / "train_metrics.json"),
+                          plots_path=str(out / "train_loss.json"), mlflow_experiment=params.mlflow_experiment,
+                          preset=f"compare-{arm.name}")
+            runs.append(Run(arm.name, seed, out, validate_params("train", merged, f"{params.train_params} + arm {arm.name!r}")))
+    return runs
+
+
+@dataclass
+class Suite:
+    """The loaded benchmark suite, shared by every run's evaluation."""
+
+    params: EvaluateParams
+    tasks: list
+    fingerprint: str
+
+    @classmethod
+    def load(cls, params: EvaluateParams) -> "Suite":
+        from components import evaluate
+
+        tasks = evaluate.load_suite(params)
+        evaluate.check_images(tasks)
+        return cls(params, tasks, evaluate.suite_fingerprint(params, tasks))
+
+
+def run_fingerprint(run: Run, suite: Suite) -> str:
+    from components.train import TRAINING_CODE
+
+    return fingerprint({"train": run.train.model_dump(mode="json"), "suite": suite.fingerprint}, [*TRAINING_CODE, *EVALUATION_CODE])
+
+
+def finished(run: Run, suite: Suite) -> dict[str, float] | None:
+    """The run's metrics when it finished with the same params, suite and code."""
+    done = run.dir / "done.json"
+    if done.is_file():
+        record = json.loads(done.read_text())
+        if record.get("fingerprint") == run_fingerprint(run, suite):
+            return record["metrics"]
+    return None
+
+
+def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
+    """Train one run in a subprocess with one torch thread (resuming its own checkpoints), then evaluate its
+    export on the shared suite in this process; returns flat metrics (``<benchmark>/<metric>``,
+    ``summary/<group>``, ``train/samples_per_s``)."""
+    from components import evaluate
+    from components.params import EvalModelSpec
+
+    if (metrics := finished(run, suite)) is not None:
+        log(f"{run.label}: finished earlier (done.json matches)")
+        return metrics
+    run.dir.mkdir(parents=True, exist_ok=True)
+    path = run.dir / "train.yaml"
+    atomic_write_bytes(path, yaml.safe_dump(run.train.model_dump(mode="json"), sort_keys=False).encode())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    started = time.time()
+    with open(run.dir / "train.log", "wb") as out:
+        code = subprocess.call([sys.executable, "-m", "components.train", "--params", str(path), "--stage", f"compare-{run.arm}"],
+                               cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    if code != 0:
+        tail = (run.dir / "train.log").read_text(errors="replace").strip().splitlines()[-5:]
+        raise RuntimeError(f"{run.label}: training failed (exit {code}); see {run.dir / 'train.log'}:\n  " + "\n  ".join(tail))
+    trained = time.time()
+    spec = EvalModelSpec(name=run.arm, uri=str(run.train.output_dir / "export"))
+    results = evaluate.evaluate_model(spec, suite.tasks, suite.params, suite.fingerprint, quiet=True)
+    flat = evaluate.flat_metrics(suite.tasks, {run.arm: results})
+    metrics = {k.split("/", 1)[1]: v for k, v in flat.items()}
+    metrics["train/samples_per_s"] = json.loads(Path(run.train.metrics_path).read_text()).get("samples_per_s", 0.0)
+    atomic_write_json(run.dir / "done.json", {"fingerprint": run_fingerprint(run, suite), "metrics": metrics})
+    log(f"{run.label}: trained in {trained - started:.0f} s, evaluated in {time.time() - trained:.0f} s")
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# the report
+# --------------------------------------------------------------------------------------------------
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def aggregate(params: CompareParams, runs: list[Run], results: dict[str, dict[str, float]], headlines: dict[str, str] | None = None) -> dict[str, Any]:
+    """Per arm and metric: every seed's value, mean, standard deviation; paired differences (arm − reference,
+    same seed) of the summary groups."""
+    arms = [a.name for a in params.arms]
+    keys = sorted({k for r in results.values() for k in r})
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for arm in arms:
+        table[arm] = {}
+        for key in keys:
+            values = [results[r.label][key] for r in runs if r.arm == arm and key in results[r.label]]
+            if values:
+                mean, sd = _mean_sd(values)
+                table[arm][key] = {"values": values, "mean": mean, "sd": sd}
+    paired: dict[str, dict[str, Any]] = {}
+    reference = {r.seed: results[r.label] for r in runs if r.arm == params.reference}
+    for arm in arms:
+        if arm == params.reference:
+            continue
+        paired[arm] = {}
+        for group in [*GROUPS, *(f"{g}_held_out" for g in GROUPS)]:
+            key = f"summary/{group}"
+            diffs = [results[r.label][key] - reference[r.seed][key] for r in runs
+                     if r.arm == arm and key in results[r.label] and key in reference.get(r.seed, {})]
+            if diffs:
+                mean, sd = _mean_sd(diffs)
+                paired[arm][group] = {"values": diffs, "mean": mean, "sd": sd, "positive": sum(d > 0 for d in diffs)}
+    return {"arms": arms, "reference": params.reference, "seeds": list(params.seeds), "metrics": table, "paired": paired,
+            "headlines": headlines or {}}
+
+
+def _cell(stats: dict[str, Any] | None, signed: bool = False) -> str:
+    if not stats:
+        return "–"
+    fmt = "{:+.3f}" if signed else "{:.3f}"
+    return f"{fmt.format(stats['mean'])} ± {stats['sd']:.3f}"
+
+
+def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, float], budget: dict[str, Any]) -> str:
+    arms, ref, n = summary["arms"], summary["reference"], len(summary["seeds"])
+    m, paired = summary["metrics"], summary["paired"]
+    descriptions = {a.name: a.description for a in params.arms}
+    lines = ["# Comparison of methods", "",
+             f"{len(arms)} arms × {n} seeds ({', '.join(map(str, summary['seeds']))}), each fine-tuned from the same base for "
+             f"{budget['steps']} steps of {budget['global_batch']} samples ({budget['samples']:,} samples), judged by the same suite. "
+             f"Cells: mean ± standard deviation over seeds. Paired differences: arm − `{ref}` with the same seed "
+             f"(the count says in how many seeds it was positive).", ""]
+    if world:
+        lines += [f"World: {world['objects_per_image']:.2f} objects per image, {world['colors']} colors × {world['shapes']} shapes, "
+                  f"{world['bag_of_words_ambiguous']:.0%} of training captions describe two objects that differ in color and shape "
+                  f"(a bag of words cannot bind them: C2LIP's premise).", ""]
+    for title, suffix in (("All items", ""), ("Held-out (color, shape) combinations only", "_held_out")):
+        lines += [f"## {title}", "", "| arm | " + " | ".join(f"{g}" for g in GROUPS) + " | " + " | ".join(f"Δ {g}" for g in GROUPS) + " |",
+                  "|---|" + "---:|" * (2 * len(GROUPS))]
+        for arm in arms:
+            cells = [_cell(m[arm].get(f"summary/{g}{suffix}")) for g in GROUPS]
+            deltas = []
+            for g in GROUPS:
+                d = paired.get(arm, {}).get(f"{g}{suffix}")
+                deltas.append("(reference)" if arm == ref else (f"{_cell(d, True)} ({d['positive']}/{len(d['values'])})" if d else "–"))
+            lines.append(f"| {arm} | " + " | ".join(cells) + " | " + " | ".join(deltas) + " |")
+        lines.append("")
+    if any(descriptions.values()):
+        lines += ["## Arms", ""] + [f"- `{a}`: {descriptions[a]}" for a in arms if descriptions[a]] + [""]
+    lines += ["## Every benchmark (headline metric, mean ± sd over seeds)", "", "| benchmark | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
+    for task, metric in summary["headlines"].items():
+        lines.append(f"| {task} ({metric}) | " + " | ".join(_cell(m[a].get(f"{task}/{metric}")) for a in arms) + " |")
+    lines += ["", "Training throughput (samples/s, one torch thread, two runs at a time): " +
+              ", ".join(f"{a} {m[a]['train/samples_per_s']['mean']:.0f}" for a in arms if 'train/samples_per_s' in m[a]), ""]
+    return "\n".join(lines)
+
+
+def chart(summary: dict[str, Any]) -> bytes:
+    """Two panels: each group's score per arm (bar: mean, dots: seeds, whisker: sd), and the paired
+    differences against the reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms, m, paired = summary["arms"], summary["metrics"], summary["paired"]
+    groups = [*GROUPS, *(f"{g}_held_out" for g in GROUPS)]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), dpi=100)
+    width = 0.8 / len(arms)
+    colors = plt.get_cmap("tab10")
+    for ax, paired_panel in zip(axes, (False, True)):
+        for k, arm in enumerate(arms):
+            xs, means, sds, dots = [], [], [], []
+            for g_i, g in enumerate(groups):
+                stats = paired.get(arm, {}).get(g) if paired_panel else m[arm].get(f"summary/{g}")
+                if stats:
+                    x = g_i + (k - (len(arms) - 1) / 2) * width
+                    xs.append(x), means.append(stats["mean"]), sds.append(stats["sd"])
+                    dots += [(x, v) for v in stats["values"]]
+            if not xs:
+                continue
+            ax.bar(xs, means, width, yerr=sds, label=arm, color=colors(k), alpha=0.8, capsize=2)
+            ax.scatter([d[0] for d in dots], [d[1] for d in dots], s=6, color="black", zorder=3)
+        ax.set_xticks(range(len(groups)), [g.replace("_held_out", "\n(held-out)") for g in groups], fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        if paired_panel:
+            ax.axhline(0, color="black", lw=0.8)
+            ax.set_title(f"paired difference vs {summary['reference']} (same seed)")
+        else:
+            ax.set_ylim(0, 1)
+            ax.set_title("score per arm (bars: mean over seeds, dots: seeds)")
+    axes[0].legend(fontsize=7, ncol=2, loc="upper left")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_report(params: CompareParams, runs: list[Run], results: dict[str, dict[str, float]], world: dict[str, float],
+                 headlines: dict[str, str]) -> dict[str, Any]:
+    summary = aggregate(params, runs, results, headlines)
+    t = runs[0].train
+    budget = {"steps": t.steps, "global_batch": t.global_batch, "samples": t.steps * t.global_batch}
+    summary.update(world=world, budget=budget)
+    out = params.report_dir
+    atomic_write_json(out / "compare.json", summary)
+    atomic_write_bytes(out / "compare.md", markdown(params, summary, world, budget).encode())
+    atomic_write_bytes(out / "compare.png", chart(summary))
+    return summary
+
+
+def log_to_mlflow(params: CompareParams, summary: dict[str, Any]) -> None:
+    from components.params import flatten_params
+    from components.tracking import use_experiment
+
+    mlflow = use_experiment(params.mlflow_experiment)
+    with mlflow.start_run(run_name="compare"):
+        mlflow.set_tags({"stage": "compare", "reference": params.reference})
+        mlflow.log_params({k: v[:500] for k, v in flatten_params(params).items()})
+        flat = {}
+        for arm, metrics in summary["metrics"].items():
+            for key, stats in metrics.items():
+                if key.startswith("summary/"):
+                    flat[f"{arm}/{key}/mean"], flat[f"{arm}/{key}/sd"] = stats["mean"], stats["sd"]
+        for arm, groups in summary["paired"].items():
+            for group, stats in groups.items():
+                flat[f"{arm}/paired_vs_{params.reference}/{group}"] = stats["mean"]
+        mlflow.log_metrics(flat)
+        for name in ("compare.md", "compare.png", "compare.json"):
+            mlflow.log_artifact(str(params.report_dir / name))
+
+
+# --------------------------------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def prepare(params: CompareParams) -> tuple[list[Run], Suite]:
+    """The world's data, every run's validated params, and the loaded suite, before any run starts."""
+    from components.train import preflight as train_preflight
+
+    prepare_world(params)
+    runs = plan(params)
+    for r in runs:
+        train_preflight(r.train)
+    ev = evaluate_params(params)
+    for name in type(ev.benchmarks).model_fields:
+        source = getattr(ev.benchmarks, name)
+        if source.enabled and source.data_root is not None and not Path(source.data_root).exists():
+            raise ParamsError(f"{params.evaluate_params}: benchmarks.{name}.data_root {source.data_root} does not exist "
+                              "(run `dvc repro benchmarks` first)")
+    return runs, Suite.load(ev)
+
+
+def finish(params: CompareParams, runs: list[Run], suite: Suite, results: dict[str, dict[str, float]], log_mlflow: bool = True) -> dict[str, Any]:
+    """The report of finished runs (and the MLflow run)."""
+    headlines = {t.name: t.headline for t in suite.tasks}
+    summary = write_report(params, runs, results, world_figures(world_data(params)["manifest"]), headlines)
+    if log_mlflow:
+        log_to_mlflow(params, summary)
+    return summary
+
+
+def run(params: CompareParams, log_mlflow: bool = True) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)  # evaluations run side by side in threads, like the training subprocesses
+    runs, suite = prepare(params)
+    results: dict[str, dict[str, float]] = {}
+    bar = tqdm(total=len(runs), desc="compare", unit="run", dynamic_ncols=True)
+
+    def one(r: Run) -> None:
+        results[r.label] = train_and_evaluate(r, suite, log=bar.write)
+        bar.update(1)
+
+    with ThreadPoolExecutor(max_workers=params.parallel) as pool:
+        for future in [pool.submit(one, r) for r in runs]:
+            future.result()
+    bar.close()
+    return finish(params, runs, suite, results, log_mlflow)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", type=Path, default=Path("params/compare.yaml"), help="params YAML")
+    parser.add_argument("--no-mlflow", action="store_true", help="do not log the comparison run to MLflow")
+    args = parser.parse_args(argv)
+    try:
+        params = load_params("compare", args.params)
+        summary = run(params, log_mlflow=not args.no_mlflow)
+    except (ParamsError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"compare: wrote {params.report_dir / 'compare.md'}, compare.png, compare.json ({len(summary['arms'])} arms × {len(summary['seeds'])} seeds)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
