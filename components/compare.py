@@ -415,6 +415,11 @@ def prepare(params: CompareParams) -> tuple[list[Run], Suite]:
         if source.enabled and source.data_root is not None and not Path(source.data_root).exists():
             raise ParamsError(f"{params.evaluate_params}: benchmarks.{name}.data_root {source.data_root} does not exist "
                               "(run `dvc repro benchmarks` first)")
+    # the tracking store and experiment exist before runs start side by side: two processes creating a
+    # fresh SQLite schema (or the same experiment) at once collide
+    from components.tracking import use_experiment
+
+    use_experiment(params.mlflow_experiment)
     return runs, Suite.load(ev)
 
 

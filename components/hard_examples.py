@@ -267,9 +267,9 @@ def caption_negatives(caption: ShapesCaption, meta: dict[str, Any], rng: np.rand
                       vocabulary: list[tuple[str, str]], kinds=SWAP_AND_REPLACE) -> dict[str, ShapesCaption]:
     """Per kind that applies, one edit of the caption that is false of the scene (tried in random order):
     swap_att / swap_obj swap the colors / shapes of two named objects everywhere they are named,
-    replace_att / replace_obj give one named object another color / shape such that the new (color, shape)
-    is in ``vocabulary`` (the train stage passes the pairs its batch shows, so a held-out pair is never
-    named), replace_rel inverts a relation."""
+    replace_att / replace_obj give one named object another color / shape, replace_rel inverts a relation.
+    A new (color, shape) an edit names must be in ``vocabulary``: the train stage passes the pairs its batch
+    shows, so a negative never names a held-out pair (a swap could otherwise make one)."""
     out = {}
     pairs = caption.pairs()
     allowed = set(vocabulary)
@@ -300,7 +300,7 @@ def caption_negatives(caption: ShapesCaption, meta: dict[str, Any], rng: np.rand
         else:
             raise ValueError(f"unknown negative kind {kind!r} (one of {', '.join(SWAP_AND_REPLACE)})")
         for k in rng.permutation(len(candidates)):
-            if not candidates[k].holds(meta):
+            if set(candidates[k].pairs()) <= allowed | set(pairs) and not candidates[k].holds(meta):
                 out[kind] = candidates[k]
                 break
     return out
@@ -377,19 +377,43 @@ def spacy_tokens(doc) -> list[Token]:
 
 
 def clic_negative(first: str, second: str, first_tokens: list[Token], second_tokens: list[Token],
-                  rng: np.random.Generator) -> str | None:
+                  rng: np.random.Generator, is_false=None) -> str | None:
     """CLIC's negative of "first second": one word of a part of speech both sentences have (not AUX, DET,
     INTJ, PART, PUNCT, SYM, X, SCONJ, CCONJ) swapped between them; a word that occurs in both sentences is
-    never swapped. None when no such pair exists."""
+    never swapped. ``is_false(new_first, new_second)``, where given, keeps only swaps it accepts (ShapesWorld:
+    the swapped pair must be false of the composite image). None when no swap qualifies."""
     words_first = {t[2].lower() for t in first_tokens}
     words_second = {t[2].lower() for t in second_tokens}
     options = [(a, b) for a in first_tokens for b in second_tokens
                if a[3] == b[3] and a[3] not in CLIC_EXCLUDED_POS
                and a[2].lower() not in words_second and b[2].lower() not in words_first]
-    if not options:
-        return None
-    a, b = options[int(rng.integers(len(options)))]
-    return f"{first[:a[0]]}{b[2].lower()}{first[a[1]:]} {second[:b[0]]}{a[2].lower()}{second[b[1]:]}"
+    for k in rng.permutation(len(options)):
+        a, b = options[k]
+        new_first, new_second = f"{first[:a[0]]}{b[2].lower()}{first[a[1]:]}", f"{second[:b[0]]}{a[2].lower()}{second[b[1]:]}"
+        if is_false is None or is_false(new_first, new_second):
+            return f"{new_first} {new_second}"
+    return None
+
+
+def shapesworld_sentence_true(sentence: str, meta: dict[str, Any], backgrounds: set[str]) -> bool:
+    """Whether one ShapesWorld caption sentence is true of a scene: its object / relation claims (exact), and
+    the object count and background it names (``backgrounds``: the background words to recognise)."""
+    from components.shapesworld import NUMBER_WORDS
+
+    parsed = parse_shapes_caption(sentence)
+    if parsed is not None and not parsed.holds(meta):
+        return False
+    words = set(re.findall(r"[a-z]+", sentence.lower()))
+    counts, named = words & set(NUMBER_WORDS), words & backgrounds
+    return counts <= {NUMBER_WORDS[len(meta["objects"])]} and named <= {meta.get("background")}
+
+
+def shapesworld_pair_negative_is_false(new_first: str, new_second: str, meta_a: dict[str, Any], meta_b: dict[str, Any]) -> bool:
+    """A swapped pair caption is false of the composite of scenes a and b iff one of its sentences is true of
+    neither half (a count swap between two images on the same background only exchanges two true claims)."""
+    backgrounds = {meta_a.get("background"), meta_b.get("background")} - {None}
+    return any(not shapesworld_sentence_true(s, meta_a, backgrounds) and not shapesworld_sentence_true(s, meta_b, backgrounds)
+               for s in (new_first, new_second))
 
 
 def clic_positives(first: list[str], second: list[str], rng: np.random.Generator) -> list[str]:

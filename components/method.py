@@ -329,9 +329,21 @@ class CLICLoss(nn.Module):
 class C2LIPModule(nn.Module):
     """Model + loss as one module, so DDP or DeepSpeed can wrap a whole training step's forward."""
 
-    def __init__(self, model: nn.Module, loss: C2LIPLoss, clic: CLICLoss | None = None):
+    def __init__(self, model: nn.Module, loss: C2LIPLoss, clic: CLICLoss | None = None, freeze_image_tower: bool = False):
         super().__init__()
         self.model, self.loss, self.clic = model, loss, clic
+        self.freeze_image_tower = freeze_image_tower
+        if freeze_image_tower:
+            model.visual.requires_grad_(False)
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        if not self.freeze_image_tower:
+            return self.model.encode_image(images, normalize=True)
+        # a frozen tower keeps its normalisation statistics too (eval mode: BatchNorm's running means do
+        # not move), and needs no graph
+        self.model.visual.eval()
+        with torch.no_grad():
+            return self.model.encode_image(images, normalize=True)
 
     def forward(
         self,
@@ -354,7 +366,7 @@ class C2LIPModule(nn.Module):
         if clic_negative_texts is not None:
             if self.clic is None:
                 raise ValueError("a CLIC pair batch needs the module's clic loss")
-            image_features = model.encode_image(images, normalize=True)
+            image_features = self.encode_image(images)
             positives = model.encode_text(texts, normalize=True).view(4, images.shape[0], -1)
             negatives = model.encode_text(clic_negative_texts, normalize=True)
             return self.clic(image_features, positives, negatives, clic_has_negative, model.logit_scale.exp(), bias)
@@ -363,7 +375,7 @@ class C2LIPModule(nn.Module):
             pooled, tokens = image_features_and_tokens(model, images)
             image_features, image_tokens = F.normalize(pooled, dim=-1), F.normalize(tokens, dim=-1)
         else:
-            image_features, image_tokens = model.encode_image(images, normalize=True), None
+            image_features, image_tokens = self.encode_image(images), None
         text_features = model.encode_text(texts, normalize=True)
         phrase_features = None
         if self.loss.uses_concepts:

@@ -50,7 +50,8 @@ from tqdm import tqdm
 
 from components.atomic import atomic_write_bytes, atomic_write_json, fingerprint
 from components.hard_examples import (caption_negatives, caption_positives, clic_negative, clic_positives,
-                                      parse_shapes_caption, real_negatives, real_positive, shapesworld_tokens, spacy_tokens)
+                                      parse_shapes_caption, real_negatives, real_positive, shapesworld_pair_negative_is_false,
+                                      shapesworld_tokens, spacy_tokens)
 from components.method import C2LIPLoss, C2LIPModule, CLICLoss, concept_batch
 from components.models import create_model
 from components.params import ParamsError, TrainParams, flatten_params, load_params
@@ -307,12 +308,13 @@ class TrainBatches(IterableDataset):
             first, second = split_sentences(cap_a), split_sentences(cap_b)
             for k, text in enumerate(clic_positives(first, second, rng)):
                 positives[k].append(text)
-            if meta_a.get("source") == "shapesworld" and meta_b.get("source") == "shapesworld":
+            if meta_a.get("source") == "shapesworld" and meta_b.get("source") == "shapesworld":  # exact: word classes and truth
                 tokens_a, tokens_b = shapesworld_tokens(first[0], meta_a), shapesworld_tokens(second[0], meta_b)
+                negative = clic_negative(first[0], second[0], tokens_a, tokens_b, rng,
+                                         is_false=lambda x, y, a=meta_a, b=meta_b: shapesworld_pair_negative_is_false(x, y, a, b))
             else:
                 nlp = self.nlp(c.spacy_model)
-                tokens_a, tokens_b = spacy_tokens(nlp(first[0])), spacy_tokens(nlp(second[0]))
-            negative = clic_negative(first[0], second[0], tokens_a, tokens_b, rng)
+                negative = clic_negative(first[0], second[0], spacy_tokens(nlp(first[0])), spacy_tokens(nlp(second[0])), rng)
             negatives.append(negative or "")
             has_negative.append(negative is not None)
         return {"images": torch.stack(images), "texts": self.tokenizer([t for block in positives for t in block]),
@@ -456,7 +458,7 @@ def calibrate_logits(model, batches, max_log_scale: float) -> tuple[float, float
 
 
 # the code that decides what a step computes: a checkpoint made by other code is not resumed
-TRAINING_CODE = [Path(__file__), Path(__file__).with_name("method.py"), Path(__file__).with_name("models.py"),
+TRAINING_CODE = [Path(__file__), *(Path(__file__).with_name(n) for n in ("method.py", "models.py", "hard_examples.py", "shapesworld_rules.py")),
                  *sorted(Path(__file__).with_name("model_configs").glob("*.json"))]
 
 
@@ -684,12 +686,9 @@ def train(params: TrainParams, stage: str) -> dict[str, float]:
         init_logit_scale=float(model.logit_scale.detach().reshape(-1)[0]),
         init_logit_bias=float(model.logit_bias.detach().reshape(-1)[0]) if getattr(model, "logit_bias", None) is not None else 0.0,
     )
-    clic = None
-    if m.name == "clic":
-        clic = CLICLoss(m.contrastive, m.clic.weight_cont, m.clic.weight_sneg, m.clic.weight_uni)
-        if not m.clic.train_image_tower:  # CLIC fine-tunes the text tower only
-            model.visual.requires_grad_(False)
-    module = C2LIPModule(model, loss, clic)
+    clic = CLICLoss(m.contrastive, m.clic.weight_cont, m.clic.weight_sneg, m.clic.weight_uni) if m.name == "clic" else None
+    # CLIC fine-tunes the text tower only
+    module = C2LIPModule(model, loss, clic, freeze_image_tower=m.name == "clic" and not m.clic.train_image_tower)
     optimizer = torch.optim.AdamW(param_groups(module, params.optim), betas=params.optim.betas, eps=params.optim.eps)
     o = params.optim
     scheduler = torch.optim.lr_scheduler.LambdaLR(

