@@ -21,11 +21,16 @@ export PATH := $(VENV)/bin:$(PATH)
 # Prefect keeps its local state (the ephemeral server's database, settings) inside the project.
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 
-.PHONY: run test install serve clean-data
+.PHONY: run test install serve compare clean-data
 
 # The Prefect flow c2lip (deployment "full") once, locally: every DVC stage, DVC push, registration.
 run: $(STAMP)
 	python -m flows.c2lip
+
+# The comparison of methods (params/compare.yaml) as the Prefect flow c2lip/compare, once, locally:
+# reports/compare.md and reports/compare.png (README "Comparing methods").
+compare: $(STAMP)
+	python -m flows.c2lip compare
 
 # A local Prefect server on 127.0.0.1:4200 serving the deployments c2lip/full, c2lip/evaluate, c2lip/promote.
 serve: $(STAMP)

@@ -1,4 +1,4 @@
-"""Serve the ``c2lip`` flow's deployments (full, evaluate, promote) to the Prefect API in PREFECT_API_URL.
+"""Serve the ``c2lip`` flow's deployments (full, evaluate, promote, compare) to the Prefect API in PREFECT_API_URL.
 
     python -m flows.serve          # `make serve` starts a local server first (infra/serve.sh)
 
@@ -8,7 +8,7 @@ GPU machines use a work pool instead (infra/prefect.yaml, README "Run it as a se
 
 from prefect import serve
 
-from flows.c2lip import evaluate, full, promote
+from flows.c2lip import compare_methods, evaluate, full, promote
 
 
 def deployments():
@@ -16,6 +16,7 @@ def deployments():
         full.to_deployment("full", description=full.__doc__, tags=["c2lip"]),
         evaluate.to_deployment("evaluate", description=evaluate.__doc__, tags=["c2lip"]),
         promote.to_deployment("promote", description=promote.__doc__, tags=["c2lip"]),
+        compare_methods.to_deployment("compare", description=compare_methods.__doc__, tags=["c2lip"]),
     ]
 
 

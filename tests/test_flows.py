@@ -15,6 +15,7 @@ import yaml
 from components.params import ParamsError
 from conftest import REPO, make_clone
 from flows import workspace
+import flows.c2lip as c2lip_flows
 from flows.c2lip import RunOverrides, overrides_dict
 
 
@@ -201,7 +202,7 @@ def test_gpu_work_pool_deployments_name_real_entrypoints_and_valid_parameters():
     spec = yaml.safe_load((REPO / "infra" / "prefect.yaml").read_text())
     assert spec["name"] == "c2lip"
     names = {d["name"] for d in spec["deployments"]}
-    assert {"full-gpu", "evaluate-gpu", "promote", "data-sharded"} <= names
+    assert {"full-gpu", "evaluate-gpu", "promote", "data-sharded", "compare-gpu"} <= names
     for deployment in spec["deployments"]:
         file, func = deployment["entrypoint"].split(":")
         module = importlib.import_module(file.removesuffix(".py").replace("/", "."))
@@ -211,3 +212,12 @@ def test_gpu_work_pool_deployments_name_real_entrypoints_and_valid_parameters():
     full = next(d for d in spec["deployments"] if d["name"] == "full-gpu")
     merged = workspace.resolve_overrides(REPO, full["parameters"]["overrides"])  # the GPU preset validates whole
     assert merged["train"]["processes"] == 8
+    from components import compare
+    from components.params import validate_params
+
+    gpu = next(d for d in spec["deployments"] if d["name"] == "compare-gpu")["parameters"]["overrides"]
+    base = yaml.safe_load((REPO / "params" / "compare.yaml").read_text())
+    runs = compare.plan(validate_params("compare", compare.deep_merge(base, gpu)))  # every arm's train params validate
+    assert {r.train.steps for r in runs} == {3000} and {r.arm for r in runs} >= {"siglip", "c2lip", "clic", "negclip", "hp_hn"}
+    with pytest.raises(Exception, match="seeds"):
+        c2lip_flows.compare_methods.validate_parameters({"overrides": {"seeds": "three"}})

@@ -298,6 +298,10 @@ def test_method_params_and_compare_params_reject_what_cannot_run(tmp_path):
     with pytest.raises(ParamsError, match=r"(?s)arm 'clic'.*method.clic.weight_uni"):
         compare.plan(bad)
     assert len(compare.plan(load_params("compare"))) == 7 * 3  # the shipped comparison: 7 arms, 3 seeds
+    for variant in ("single", "crowded"):  # the world-difficulty presets: the variant's own data for every run
+        params = load_params("compare", REPO / "params" / "presets" / f"compare-{variant}.yaml")
+        runs = compare.plan(params)
+        assert len(runs) == 9 and {r.train.data.shards[0] for r in runs} == {str(compare.world_dir(params) / "captions" / "train" / "*.tar")}
 
 
 def test_paired_differences_and_report_from_known_results(tmp_path):
@@ -325,57 +329,67 @@ def test_paired_differences_and_report_from_known_results(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_comparison_trains_each_method_from_one_base_and_reports(tiny_data, tmp_path, monkeypatch):
+def test_the_compare_flow_trains_each_method_from_one_base_in_a_world_variant_and_reports(tmp_path, monkeypatch):
+    """The Prefect flow c2lip/compare, in-process: a small world variant generated (captions, phrases,
+    suite), hp_hn and clic trained side by side from one base, evaluated, reported (two arms keep the test
+    to one round of training processes; siglip, c2lip and negclip train in test_train and the units above)."""
     from safetensors.torch import load_file
 
-    from components import benchmarks
+    import flows.c2lip as c2lip_flows
     from components.models import create_model
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("C2LIP_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     torch.manual_seed(0)
     base = train_stage.export_model(create_model("c2lip-tiny-rn", pretrained=None)[0], "c2lip-tiny-rn", tmp_path / "base")
-    captions_yaml = tmp_path / "captions.yaml"
-    captions_yaml.write_text(yaml.safe_dump(tiny_captions(tiny_data, shard_size=25, shapesworld={"train_images": 64, "test_images": 64}).model_dump(mode="json")))
-    benchmarks.run(load_params("benchmarks", _write(tmp_path / "benchmarks.yaml", {"captions_params": str(captions_yaml), "output_dir": str(tmp_path / "suite")})))
-    suite = str(tmp_path / "suite")
+    captions = tiny_captions(tmp_path, shard_size=25).model_dump(mode="json")
+    captions.update(stats_path=str(tmp_path / "captions_stats.json"))
+    enabled = {"sugarcrepe": {"data_root": "data/benchmarks/shapesworld/sugar_crepe", "image_root": "data/benchmarks/shapesworld/images"},
+               "zero_shot": {"data_root": "data/benchmarks/shapesworld/zero_shot"},
+               "retrieval": {"data_root": "data/benchmarks/shapesworld/retrieval", "image_root": "data/benchmarks/shapesworld/images"}}
     evaluate = {"models": [{"name": "x", "uri": "x"}], "cache_dir": str(tmp_path / "cache"), "benchmarks": {
-        "sugarcrepe": {"data_root": f"{suite}/sugar_crepe", "image_root": f"{suite}/images"},
-        "zero_shot": {"data_root": f"{suite}/zero_shot"},
-        "retrieval": {"data_root": f"{suite}/retrieval", "image_root": f"{suite}/images"},
-        **{name: {"enabled": False, "data_root": "unused"} for name in ("sugarcrepe_pp", "hard_positives", "aro", "winoground")}}}
-    train = _params(tiny_data).model_dump(mode="json")
+        **enabled, **{name: {"enabled": False, "data_root": "unused"} for name in ("sugarcrepe_pp", "hard_positives", "aro", "winoground")}}}
+    train = _params(tmp_path).model_dump(mode="json")
     train["model"].update(init=str(base), calibrate_logits=1)
-    train.update(steps=2, global_batch=8, micro_batch=8, torch_threads=1, zero_shot_eval=False, log_every=1, checkpoint_every=2,
-                 test_shards=[str(tiny_data / "captions" / "test" / "*.tar")])
-    params = load_params("compare", _write(tmp_path / "compare.yaml", {
+    train.update(steps=2, global_batch=8, micro_batch=8, torch_threads=1, zero_shot_eval=False, log_every=1, checkpoint_every=2)
+    overrides = {
         "train_params": str(_write(tmp_path / "train.yaml", train)), "evaluate_params": str(_write(tmp_path / "evaluate.yaml", evaluate)),
-        "seeds": [0], "output_dir": str(tmp_path / "runs"), "report_dir": str(tmp_path / "reports"),
-        "arms": [{"name": n, "overrides": {"method": {"name": n}}} for n in ("siglip", "negclip", "hp_hn", "clic")]}))
-    summary = compare.run(params, log_mlflow=True)
+        "captions_params": str(_write(tmp_path / "captions.yaml", captions)),
+        "world": {"max_objects": 2, "colors": 3, "train_images": 64, "test_images": 64},
+        "seeds": [0], "output_dir": str(tmp_path / "runs"), "report_dir": str(tmp_path / "reports"), "reference": "hp_hn",
+        "arms": [{"name": n, "overrides": {"method": {"name": n}}} for n in ("hp_hn", "clic")]}
+    outcome = c2lip_flows.compare_methods(overrides=overrides)
 
-    results = {r: json.loads((tmp_path / "runs" / r / "seed0" / "done.json").read_text())["metrics"] for r in ("siglip", "negclip", "hp_hn", "clic")}
-    for arm in ("negclip", "hp_hn", "clic"):
-        for group in ("compositional", "zero_shot", "retrieval"):
-            want = results[arm][f"summary/{group}"] - results["siglip"][f"summary/{group}"]
-            assert summary["paired"][arm][group]["mean"] == pytest.approx(want)
-    losses = {arm: json.loads((tmp_path / "runs" / arm / "seed0" / "train_loss.json").read_text())["loss"] for arm in results}
+    world = next((tmp_path / "runs").glob("world-*"))
+    assert list(yaml.safe_load((world / "captions.yaml").read_text())["shapesworld"]["colors"]) == ["red", "green", "blue"]
+    phrases = pq.read_table(world / "captions" / "manifest.parquet", columns=["object_phrases"]).column("object_phrases").to_pylist()
+    assert {p.split()[-2] for image in phrases for p in image} == {"red", "green", "blue"} and max(map(len, phrases)) == 2
+    params = load_params("compare", _write(tmp_path / "compare.yaml", overrides))
+    runs = {r: tmp_path / "runs" / r / "seed0" for r in ("hp_hn", "clic")}
+    results = {r: json.loads((d / "done.json").read_text())["metrics"] for r, d in runs.items()}
+    for group in ("compositional", "zero_shot", "retrieval"):
+        want = results["clic"][f"summary/{group}"] - results["hp_hn"][f"summary/{group}"]
+        assert outcome["paired"]["clic"][group] == pytest.approx(want, abs=1e-4)
+    assert all(yaml.safe_load((d / "train.yaml").read_text())["data"]["shards"] == [str(world / "captions" / "train" / "*.tar")] for d in runs.values())
+    losses = {arm: json.loads((d / "train_loss.json").read_text())["loss"] for arm, d in runs.items()}
     assert [sorted(k for k in p if k.endswith("_loss")) for p in losses["clic"]] == [
         ["clic_cont_loss", "clic_sneg_loss", "clic_uni_loss"], ["contrastive_loss"]]  # pair step, then a plain step
     assert all(p["loss"] > 0 for arm in losses for p in losses[arm])
     # CLIC trains the text tower only: the image tower is the base's, bit for bit; the text tower moved
-    start, clic = load_file(str(base / "open_clip_model.safetensors")), load_file(str(tmp_path / "runs" / "clic" / "seed0" / "train" / "export" / "open_clip_model.safetensors"))
+    start = load_file(str(base / "open_clip_model.safetensors"))
+    clic, hp_hn = (load_file(str(runs[a] / "train" / "export" / "open_clip_model.safetensors")) for a in ("clic", "hp_hn"))
     assert all(torch.equal(start[k], clic[k]) for k in start if k.startswith("visual."))
     assert not all(torch.equal(start[k], clic[k]) for k in start if k.startswith("text."))
-    negclip = load_file(str(tmp_path / "runs" / "negclip" / "seed0" / "train" / "export" / "open_clip_model.safetensors"))
-    assert not all(torch.equal(start[k], negclip[k]) for k in start if k.startswith("visual."))
+    assert not all(torch.equal(start[k], hp_hn[k]) for k in start if k.startswith("visual."))
     report = (tmp_path / "reports" / "compare.md").read_text()
-    assert "| clic |" in report and "Held-out" in report and (tmp_path / "reports" / "compare.png").stat().st_size > 10_000
-    # a second run finds every run finished: nothing retrained, the same report
-    logs = {arm: (tmp_path / "runs" / arm / "seed0" / "train.log").stat().st_mtime_ns for arm in results}
+    assert "| clic |" in report and "Held-out" in report and "3 colors × 4 shapes" in report
+    assert (tmp_path / "reports" / "compare.png").stat().st_size > 10_000
+    # run again: every run is found finished, nothing is retrained, the same report
+    logs = {arm: (d / "train.log").stat().st_mtime_ns for arm, d in runs.items()}
     again = compare.run(params, log_mlflow=False)
-    assert again["paired"] == summary["paired"]
-    assert logs == {arm: (tmp_path / "runs" / arm / "seed0" / "train.log").stat().st_mtime_ns for arm in results}
+    assert {a: {g: round(v["mean"], 4) for g, v in groups.items()} for a, groups in again["paired"].items()} == outcome["paired"]
+    assert logs == {arm: (d / "train.log").stat().st_mtime_ns for arm, d in runs.items()}
 
 
 def _write(path, data):
