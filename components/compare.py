@@ -246,7 +246,7 @@ def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
 
 
 def _mean_sd(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+    return round(statistics.fmean(values), 6), round(statistics.stdev(values) if len(values) > 1 else 0.0, 6)
 
 
 def aggregate(params: CompareParams, runs: list[Run], results: dict[str, dict[str, float]], headlines: dict[str, str] | None = None) -> dict[str, Any]:
@@ -261,7 +261,7 @@ def aggregate(params: CompareParams, runs: list[Run], results: dict[str, dict[st
             values = [results[r.label][key] for r in runs if r.arm == arm and key in results[r.label]]
             if values:
                 mean, sd = _mean_sd(values)
-                table[arm][key] = {"values": values, "mean": mean, "sd": sd}
+                table[arm][key] = {"values": [round(v, 6) for v in values], "mean": mean, "sd": sd}
     paired: dict[str, dict[str, Any]] = {}
     reference = {r.seed: results[r.label] for r in runs if r.arm == params.reference}
     for arm in arms:
@@ -274,7 +274,7 @@ def aggregate(params: CompareParams, runs: list[Run], results: dict[str, dict[st
                      if r.arm == arm and key in results[r.label] and key in reference.get(r.seed, {})]
             if diffs:
                 mean, sd = _mean_sd(diffs)
-                paired[arm][group] = {"values": diffs, "mean": mean, "sd": sd, "positive": sum(d > 0 for d in diffs)}
+                paired[arm][group] = {"values": [round(d, 6) for d in diffs], "mean": mean, "sd": sd, "positive": sum(d > 0 for d in diffs)}
     return {"arms": arms, "reference": params.reference, "seeds": list(params.seeds), "metrics": table, "paired": paired,
             "headlines": headlines or {}}
 

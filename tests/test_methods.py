@@ -317,7 +317,7 @@ def test_paired_differences_and_report_from_known_results(tmp_path):
     comp = summary["paired"]["c2lip"]["compositional"]
     assert comp["values"] == pytest.approx([0.1, 0.1, 0.1]) and comp["positive"] == 3 and comp["sd"] == pytest.approx(0, abs=1e-12)
     zs = summary["paired"]["c2lip"]["zero_shot"]
-    assert zs["mean"] == pytest.approx(-0.1 / 3) and zs["positive"] == 0 and zs["sd"] == pytest.approx(np.std([0, 0, -0.1], ddof=1))
+    assert zs["mean"] == pytest.approx(-0.1 / 3, abs=1e-6) and zs["positive"] == 0 and zs["sd"] == pytest.approx(np.std([0, 0, -0.1], ddof=1), abs=1e-6)
     text = compare.markdown(params, summary, {}, {"steps": 10, "global_batch": 8, "samples": 80})
     assert "| c2lip | 0.610 ± 0.010 | 0.867 ± 0.058 |" in text and "+0.100 ± 0.000 (3/3)" in text and "-0.033 ± 0.058 (0/3)" in text
     assert "| sugarcrepe/swap_att (acc) | 0.510 ± 0.010 | 0.610 ± 0.010 |" in text
