@@ -34,6 +34,7 @@ import yaml
 from tqdm import tqdm
 
 from components.atomic import atomic_write_bytes, atomic_write_json, fingerprint
+from components.benchmark_data import BenchmarkError
 from components.params import (CompareParams, EvaluateParams, ParamsError, TrainParams, load_params, validate_params)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +160,40 @@ def evaluate_params(params: CompareParams) -> EvaluateParams:
     return validate_params("evaluate", evaluate, params.evaluate_params)
 
 
+def _items(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    if path.suffix == ".jsonl":
+        return sum(1 for line in path.read_text().splitlines() if line.strip())
+    return len(json.loads(path.read_text()))
+
+
+def applicable_suite(ev: EvaluateParams) -> list[str]:
+    """Drop (in place) the benchmarks a world variant's suite has no items for — relations in a world of
+    single objects, zero-shot classification in a world without them — and return their names."""
+    b, dropped = ev.benchmarks, []
+    for name in ("sugarcrepe", "sugarcrepe_pp", "hard_positives"):
+        source = getattr(b, name)
+        if not source.enabled:
+            continue
+        pattern = getattr(source, "original_file", "{subset}.json")
+        keep = [s for s in source.subsets if _items(source.data_root / pattern.format(subset=s))]
+        dropped += [f"{name}/{s}" for s in source.subsets if s not in keep]
+        source.subsets, source.enabled = (keep, True) if keep else (source.subsets, False)
+    if b.aro.enabled:
+        for key, label in (("relation_file", "aro/vg_relation"), ("attribution_file", "aro/vg_attribution")):
+            if getattr(b.aro, key) and not _items(b.aro.data_root / getattr(b.aro, key)):
+                setattr(b.aro, key, None)
+                dropped.append(label)
+    if b.winoground.enabled and not _items(b.winoground.data_root / b.winoground.file):
+        b.winoground.enabled = False
+        dropped.append("winoground")
+    if b.zero_shot.enabled and not any(p.is_file() for p in Path(b.zero_shot.data_root).glob("*/*")):
+        b.zero_shot.enabled = False
+        dropped.append("zero_shot")
+    return dropped
+
+
 def plan(params: CompareParams) -> list[Run]:
     """Every (arm, seed) run with its validated train params; an invalid arm is named."""
     base = _read_yaml(params.train_params)
@@ -182,14 +217,15 @@ class Suite:
     params: EvaluateParams
     tasks: list
     fingerprint: str
+    not_applicable: list[str]
 
     @classmethod
-    def load(cls, params: EvaluateParams) -> "Suite":
+    def load(cls, params: EvaluateParams, not_applicable: list[str] | None = None) -> "Suite":
         from components import evaluate
 
         tasks = evaluate.load_suite(params)
         evaluate.check_images(tasks)
-        return cls(params, tasks, evaluate.suite_fingerprint(params, tasks))
+        return cls(params, tasks, evaluate.suite_fingerprint(params, tasks), not_applicable or [])
 
 
 def run_fingerprint(run: Run, suite: Suite) -> str:
@@ -299,6 +335,8 @@ def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, fl
         lines += [f"World: {world['objects_per_image']:.2f} objects per image, {world['colors']} colors × {world['shapes']} shapes, "
                   f"{world['bag_of_words_ambiguous']:.0%} of training captions describe two objects that differ in color and shape "
                   f"(a bag of words cannot bind them: C2LIP's premise).", ""]
+    if summary.get("not_applicable"):
+        lines += [f"Not applicable in this world (no items): {', '.join(summary['not_applicable'])}.", ""]
     for title, suffix in (("All items", ""), ("Held-out (color, shape) combinations only", "_held_out")):
         lines += [f"## {title}", "", "| arm | " + " | ".join(f"{g}" for g in GROUPS) + " | " + " | ".join(f"Δ {g}" for g in GROUPS) + " |",
                   "|---|" + "---:|" * (2 * len(GROUPS))]
@@ -363,8 +401,9 @@ def chart(summary: dict[str, Any]) -> bytes:
 
 
 def write_report(params: CompareParams, runs: list[Run], results: dict[str, dict[str, float]], world: dict[str, float],
-                 headlines: dict[str, str]) -> dict[str, Any]:
+                 headlines: dict[str, str], not_applicable: list[str] | None = None) -> dict[str, Any]:
     summary = aggregate(params, runs, results, headlines)
+    summary["not_applicable"] = not_applicable or []
     t = runs[0].train
     budget = {"steps": t.steps, "global_batch": t.global_batch, "samples": t.steps * t.global_batch}
     summary.update(world=world, budget=budget)
@@ -420,13 +459,13 @@ def prepare(params: CompareParams) -> tuple[list[Run], Suite]:
     from components.tracking import use_experiment
 
     use_experiment(params.mlflow_experiment)
-    return runs, Suite.load(ev)
+    return runs, Suite.load(ev, applicable_suite(ev) if params.world is not None else [])
 
 
 def finish(params: CompareParams, runs: list[Run], suite: Suite, results: dict[str, dict[str, float]], log_mlflow: bool = True) -> dict[str, Any]:
     """The report of finished runs (and the MLflow run)."""
     headlines = {t.name: t.headline for t in suite.tasks}
-    summary = write_report(params, runs, results, world_figures(world_data(params)["manifest"]), headlines)
+    summary = write_report(params, runs, results, world_figures(world_data(params)["manifest"]), headlines, suite.not_applicable)
     if log_mlflow:
         log_to_mlflow(params, summary)
     return summary
@@ -459,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params("compare", args.params)
         summary = run(params, log_mlflow=not args.no_mlflow)
-    except (ParamsError, RuntimeError) as err:
+    except (ParamsError, RuntimeError, BenchmarkError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"compare: wrote {params.report_dir / 'compare.md'}, compare.png, compare.json ({len(summary['arms'])} arms × {len(summary['seeds'])} seeds)")

@@ -304,6 +304,24 @@ def test_method_params_and_compare_params_reject_what_cannot_run(tmp_path):
         assert len(runs) == 9 and {r.train.data.shards[0] for r in runs} == {str(compare.world_dir(params) / "captions" / "train" / "*.tar")}
 
 
+def test_a_world_variant_drops_the_benchmarks_it_has_no_items_for(tmp_path):
+    from components.params import EvaluateParams
+
+    root = tmp_path / "suite"
+    (root / "sugar_crepe").mkdir(parents=True)
+    for subset in ("add_att", "replace_rel"):
+        (root / "sugar_crepe" / f"{subset}.json").write_text(json.dumps({"0": {}} if subset == "add_att" else {}))
+    (root / "winoground").mkdir()
+    (root / "winoground" / "examples.jsonl").write_text("\n")
+    (root / "zero_shot" / "red circle").mkdir(parents=True)
+    ev = EvaluateParams.model_validate({"benchmarks": {
+        "sugarcrepe": {"data_root": str(root / "sugar_crepe"), "subsets": ["add_att", "replace_rel"]},
+        "winoground": {"data_root": str(root / "winoground")}, "zero_shot": {"data_root": str(root / "zero_shot")},
+        **{n: {"enabled": False, "data_root": "x"} for n in ("sugarcrepe_pp", "hard_positives", "aro", "retrieval")}}})
+    assert compare.applicable_suite(ev) == ["sugarcrepe/replace_rel", "winoground", "zero_shot"]
+    assert ev.benchmarks.sugarcrepe.subsets == ["add_att"] and not ev.benchmarks.zero_shot.enabled
+
+
 def test_paired_differences_and_report_from_known_results(tmp_path):
     params = CompareParams.model_validate({"seeds": [0, 1, 2], "report_dir": str(tmp_path), "arms": [
         {"name": "siglip"}, {"name": "c2lip", "description": "the method"}]})
