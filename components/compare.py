@@ -62,6 +62,11 @@ def deep_merge(base: dict, change: dict) -> dict:
     return out
 
 
+def params_with(overrides: dict | None, path: Path = Path("params/compare.yaml")) -> CompareParams:
+    """``path``'s params with a partial mapping merged over them (the flow's overrides), validated whole."""
+    return validate_params("compare", deep_merge(_read_yaml(ROOT / path), overrides or {}), f"{path} + overrides")
+
+
 def _read_yaml(path: Path) -> dict:
     if not Path(path).is_file():
         raise ParamsError(f"{path}: params file not found")

@@ -237,13 +237,9 @@ def compare_methods(overrides: CompareOverrides | None = None, wait_for_workspac
     from the same base with the same budget over several seeds, `parallel` runs at a time, each judged by the
     benchmark suite; report in reports/compare.md / compare.png, one MLflow run, a markdown artifact."""
     from components import compare
-    from components.params import validate_params
 
-    import yaml
-
-    base = yaml.safe_load((ROOT / "params" / "compare.yaml").read_text())
     changes = overrides.model_dump(mode="json", exclude_unset=True) if isinstance(overrides, BaseModel) else dict(overrides or {})
-    params = validate_params("compare", compare.deep_merge(base, changes), "params/compare.yaml + overrides")
+    params = compare.params_with(changes)  # a bad override fails here, before any work
     name = str(flow_run.get_name() or f"local-{int(time.time())}")
     started = time.perf_counter()
     with workspace_lock(ROOT, f"flow run {name} (compare)", wait_for_workspace_s):
