@@ -39,6 +39,22 @@ def tiny_captions(tmp_path: Path, **overrides) -> CaptionsParams:
     return CaptionsParams.model_validate(data)
 
 
+def tiny_training_data(root: Path, test_images: int) -> Path:
+    """Tiny ShapesWorld shards (64 training images in shards of 25) under ``root/captions`` and a concepts
+    folder with each training image's true phrases, as the train stage reads them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from components import captions as captions_stage
+
+    captions_stage.run(tiny_captions(root, shard_size=25, shapesworld={"train_images": 64, "test_images": test_images}))
+    manifest = pq.read_table(root / "captions" / "manifest.parquet").to_pandas()
+    train = manifest[manifest.split == "train"]
+    (root / "concepts").mkdir()
+    pq.write_table(pa.table({"key": list(train.key), "phrases": [list(p) for p in train.object_phrases]}), root / "concepts" / "all.parquet")
+    return root
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO

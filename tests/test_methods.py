@@ -7,7 +7,6 @@ import math
 import re
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -15,8 +14,7 @@ import torch.nn.functional as F
 import yaml
 from PIL import Image
 
-from conftest import REPO, tiny_captions
-from components import captions as captions_stage
+from conftest import REPO, tiny_captions, tiny_training_data
 from components import compare
 from components import hard_examples as he
 from components import method as M
@@ -222,13 +220,7 @@ def test_pairs_keep_orientation_and_never_pair_an_image_with_itself():
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("methods_data")
-    captions_stage.run(tiny_captions(root, shard_size=25, shapesworld={"train_images": 64, "test_images": 64}))
-    manifest = pq.read_table(root / "captions" / "manifest.parquet").to_pandas()
-    train = manifest[manifest.split == "train"]
-    (root / "concepts").mkdir()
-    pq.write_table(pa.table({"key": list(train.key), "phrases": [list(p) for p in train.object_phrases]}), root / "concepts" / "all.parquet")
-    return root
+    return tiny_training_data(tmp_path_factory.mktemp("methods_data"), test_images=64)
 
 
 def _params(root, **method) -> TrainParams:

@@ -10,14 +10,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
 
-from conftest import REPO, tiny_captions
-from components import captions as captions_stage
+from conftest import REPO, tiny_training_data
 from components import train as train_stage
 from components.params import ParamsError, TrainParams, load_params
 from components.models import TINY_RN, TINY_SIGLIP, create_model
@@ -26,13 +23,7 @@ from components.models import TINY_RN, TINY_SIGLIP, create_model
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> Path:
     """Tiny ShapesWorld shards (3 train, 1 test) and a concepts folder with each image's true phrases."""
-    root = tmp_path_factory.mktemp("train_data")
-    captions_stage.run(tiny_captions(root, shard_size=25, shapesworld={"train_images": 64, "test_images": 24}))
-    manifest = pq.read_table(root / "captions" / "manifest.parquet").to_pandas()
-    train = manifest[manifest.split == "train"]
-    (root / "concepts").mkdir()
-    pq.write_table(pa.table({"key": list(train.key), "phrases": [list(p) for p in train.object_phrases]}), root / "concepts" / "all.parquet")
-    return root
+    return tiny_training_data(tmp_path_factory.mktemp("train_data"), test_images=24)
 
 
 @pytest.fixture(scope="module")
