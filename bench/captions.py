@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from components.captions import run  # noqa: E402
-from components.params import CaptionsParams  # noqa: E402
+from components.shared.params import CaptionsParams  # noqa: E402
 
 
 def measure(images: int, workers: int) -> float:

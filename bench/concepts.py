@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from components.concepts import extract, load_nlp  # noqa: E402
-from components.params import ConceptsParams  # noqa: E402
+from components.shared.params import ConceptsParams  # noqa: E402
 
 ADJ = ["red", "small", "wooden", "old", "bright", "large", "white", "rusty", "colorful", "quiet", "busy", "green"]
 NOUN = ["dog", "table", "street", "window", "woman", "bicycle", "building", "tree", "cup", "car", "bench", "lamp"]

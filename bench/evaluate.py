@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from components import evaluate as ev  # noqa: E402
-from components.params import EvalModelSpec, load_params  # noqa: E402
+from components.shared.params import EvalModelSpec, load_params  # noqa: E402
 
 
 def main() -> int:

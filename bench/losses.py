@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from components.method import xac_loss  # noqa: E402
+from components.method.losses import xac_loss  # noqa: E402
 
 M, PER_IMAGE, J, D = 96, 5, 196, 768
 
@@ -76,10 +76,10 @@ def measure_xac(variant: str, repeats: int) -> tuple[float, float, float]:
 
 
 def step_times(steps: int) -> dict[str, float]:
-    from components import shapesworld
-    from components.method import C2LIPLoss, C2LIPModule, concept_batch
-    from components.models import TINY_SIGLIP, create_model
-    from components.params import ShapesWorldParams
+    from components.data import shapesworld
+    from components.method.losses import C2LIPLoss, C2LIPModule, concept_batch
+    from components.method.models import TINY_SIGLIP, create_model
+    from components.shared.params import ShapesWorldParams
 
     world = ShapesWorldParams()
     held = shapesworld.held_out_pairs(world, 0)

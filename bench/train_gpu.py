@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from components.method import C2LIPLoss, C2LIPModule  # noqa: E402
+from components.method.losses import C2LIPLoss, C2LIPModule  # noqa: E402
 import open_clip  # noqa: E402
 
-import components.models  # noqa: E402,F401  (registers the tiny configs)
+import components.method.models  # noqa: E402,F401  (registers the tiny configs)
 
 ROOT = Path(__file__).resolve().parent.parent
 

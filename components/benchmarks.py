@@ -21,7 +21,7 @@ From the held-out test split of the world in ``params/captions.yaml`` (the same 
 
 Every item also carries ``held_out``: it names or shows a (color, shape) pair never drawn in training, so
 generalisation to unseen combinations is reported apart. Every caption is checked with the world's
-exact rules (:mod:`components.shapesworld_rules`): positives hold, negatives do not.
+exact rules (:mod:`components.data.shapesworld_rules`): positives hold, negatives do not.
 The whole folder is built under a temporary name and renamed into place, so it is complete or absent.
 """
 
@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from components import shapesworld
-from components import shapesworld_rules as rules
-from components.atomic import atomic_write_json
-from components.params import BenchmarksParams, CaptionsParams, ParamsError, load_params
+from components.data import shapesworld
+from components.data import shapesworld_rules as rules
+from components.shared.atomic import atomic_write_json
+from components.shared.params import BenchmarksParams, CaptionsParams, ParamsError, load_params
 
 SUGARCREPE_SUBSETS = ["add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]
 SUGARCREPE_PP_SUBSETS = ["replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]

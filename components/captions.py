@@ -33,10 +33,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from components import shapesworld, sources
-from components.atomic import atomic_write_bytes, atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
-from components.params import CaptionsParams, ParamsError, load_params
-from components.sources import RawSample, ShardPlan, Skip, SourceError, make_source
+from components.data import shapesworld
+from components.data import sources
+from components.shared.atomic import atomic_write_bytes, atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
+from components.shared.params import CaptionsParams, ParamsError, load_params
+from components.data.sources import RawSample, ShardPlan, Skip, SourceError, make_source
 
 SKIP_EXAMPLES = 3  # per reason, kept in the stats so a user can look at what was skipped
 

@@ -33,11 +33,11 @@ import pyarrow.parquet as pq
 import yaml
 from tqdm import tqdm
 
-from components.atomic import atomic_write_bytes, atomic_write_json, fingerprint
-from components.benchmark_data import BenchmarkError
-from components.params import (CompareParams, EvaluateParams, ParamsError, TrainParams, load_params, validate_params)
+from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
+from components.suite.formats import BenchmarkError
+from components.shared.params import (CompareParams, EvaluateParams, ParamsError, TrainParams, load_params, validate_params)
+from components.shared.params import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 GROUPS = ("compositional", "zero_shot", "retrieval")
 EVALUATION_CODE = [Path(__file__).with_name(n) for n in ("evaluate.py", "benchmark_data.py", "benchmark_metrics.py")]
 
@@ -254,7 +254,7 @@ def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
     export on the shared suite in this process; returns flat metrics (``<benchmark>/<metric>``,
     ``summary/<group>``, ``train/samples_per_s``)."""
     from components import evaluate
-    from components.params import EvalModelSpec
+    from components.shared.params import EvalModelSpec
 
     if (metrics := finished(run, suite)) is not None:
         log(f"{run.label}: finished earlier (done.json matches)")
@@ -420,8 +420,8 @@ def write_report(params: CompareParams, runs: list[Run], results: dict[str, dict
 
 
 def log_to_mlflow(params: CompareParams, summary: dict[str, Any]) -> None:
-    from components.params import flatten_params
-    from components.tracking import use_experiment
+    from components.shared.params import flatten_params
+    from components.shared.tracking import use_experiment
 
     mlflow = use_experiment(params.mlflow_experiment)
     with mlflow.start_run(run_name="compare"):
@@ -461,7 +461,7 @@ def prepare(params: CompareParams) -> tuple[list[Run], Suite]:
                               "(run `dvc repro benchmarks` first)")
     # the tracking store and experiment exist before runs start side by side: two processes creating a
     # fresh SQLite schema (or the same experiment) at once collide
-    from components.tracking import use_experiment
+    from components.shared.tracking import use_experiment
 
     use_experiment(params.mlflow_experiment)
     return runs, Suite.load(ev, applicable_suite(ev) if params.world is not None else [])

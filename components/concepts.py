@@ -31,8 +31,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from components.atomic import atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
-from components.params import ConceptsParams, ParamsError, PhraseRules, load_params
+from components.shared.atomic import atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
+from components.shared.params import ConceptsParams, ParamsError, PhraseRules, load_params
 
 DETERMINERS = ("a ", "an ", "the ", "this ", "that ", "these ", "those ")
 

@@ -5,7 +5,7 @@
 Models: an export folder (the train and base stages' ``export/``), a checkpoint file, an MLflow registry
 URI (``models:/c2lip@champion``) or an open_clip architecture + pretrained tag. Benchmarks: SugarCrepe,
 SugarCrepe++, hard positives, ARO, Winoground-style pairs, zero-shot classification and retrieval, read
-from their official file formats (:mod:`components.benchmark_data`); by default ShapesWorld's, written by
+from their official file formats (:mod:`components.suite.formats`); by default ShapesWorld's, written by
 the benchmarks stage.
 
 Each distinct image (file + crop box) is encoded once per model and shared by every benchmark that uses
@@ -31,13 +31,13 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from components import benchmark_data as bd
-from components.atomic import atomic_write_bytes, atomic_write_json
-from components.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
+from components.suite import formats as bd
+from components.shared.atomic import atomic_write_bytes, atomic_write_json
+from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
+from components.shared.params import ROOT
 
 EXPORT_CONFIG = "open_clip_config.json"  # what our exports (and MLflow-registered models) hold
 MISSING_SHOWN = 5
-ROOT = Path(__file__).resolve().parent.parent
 CODE = [Path(__file__), Path(bd.__file__), Path(bd.bm.__file__)]
 
 
@@ -135,7 +135,7 @@ def resolve_model(spec: EvalModelSpec, download_dir: Path) -> tuple[str, Any]:
         return "pretrained", (spec.arch, spec.pretrained)
     uri = spec.uri
     if uri.startswith("models:/") or uri.startswith("runs:/"):
-        from components.tracking import default_tracking_uri
+        from components.shared.tracking import default_tracking_uri
         import mlflow
 
         mlflow.set_tracking_uri(default_tracking_uri())
@@ -197,7 +197,7 @@ def load_model(kind: str, where: Any, spec: EvalModelSpec):
     """(model in eval mode, preprocess, tokenizer)."""
     import open_clip
 
-    from components import models  # registers our tiny configs (and their timm towers)
+    from components.method import models  # registers our tiny configs (and their timm towers)
 
     if kind == "export":
         model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{where}")
@@ -474,7 +474,7 @@ def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
 
 
 def log_to_mlflow(params: EvaluateParams, flat: dict[str, float], out: Path, names: list[str], suite_fp: str) -> None:
-    from components.tracking import use_experiment
+    from components.shared.tracking import use_experiment
 
     mlflow = use_experiment(params.mlflow_experiment)
     with mlflow.start_run(run_name=f"evaluate-{'-vs-'.join(names)}"):

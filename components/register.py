@@ -3,7 +3,7 @@
     python -m components.register --params params/registry.yaml               # register → alias challenger
     python -m components.register --params params/registry.yaml --promote challenger   # or a version number
 
-Registering logs the train stage's export as an MLflow pyfunc (:mod:`components.registry`; the export is
+Registering logs the train stage's export as an MLflow pyfunc (:mod:`components.shared.pyfunc_model`; the export is
 its artifact, so ``models:/c2lip@champion`` loads as open_clip too) and tags the new version with the git
 commit, the dvc.lock hash, the method and the evaluate stage's benchmark summary. Promotion moves the
 champion alias only when the gates hold against the current champion, and otherwise says which gate
@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from components.params import ParamsError, RegistryParams, load_params
+from components.shared.params import ParamsError, RegistryParams, load_params
+from components.shared.params import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = ("compositional", "zero_shot", "retrieval")
 
 
@@ -60,8 +60,8 @@ def register(params: RegistryParams, extra_tags: dict[str, str] | None = None) -
     """Log the export as a new version of ``model_name``, tag it, give it the challenger alias. Returns the ModelVersion."""
     import mlflow
 
-    from components.registry import log_export
-    from components.tracking import use_experiment
+    from components.shared.pyfunc_model import log_export
+    from components.shared.tracking import use_experiment
 
     if not (params.export_dir / "open_clip_config.json").is_file():
         raise RegistryError(f"{params.export_dir}: no open_clip export; run the train stage first")
@@ -142,7 +142,7 @@ def promote(params: RegistryParams, candidate: str = "challenger") -> Promotion:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from components.tracking import default_tracking_uri
+    from components.shared.tracking import default_tracking_uri
 
     mlflow.set_tracking_uri(default_tracking_uri())
     client = mlflow.MlflowClient()

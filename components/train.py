@@ -48,17 +48,17 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from tqdm import tqdm
 
-from components.atomic import atomic_write_bytes, atomic_write_json, fingerprint
-from components.hard_examples import (caption_negatives, caption_positives, clic_negative, clic_positives,
+from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
+from components.method.hard_examples import (caption_negatives, caption_positives, clic_negative, clic_positives,
                                       parse_shapes_caption, real_negatives, real_positive, shapesworld_pair_negative_is_false,
                                       shapesworld_tokens, spacy_tokens)
-from components.method import C2LIPLoss, C2LIPModule, CLICLoss, concept_batch
-from components.models import create_model
-from components.params import ParamsError, TrainParams, flatten_params, load_params
-from components.tracking import use_experiment
+from components.method.losses import C2LIPLoss, C2LIPModule, CLICLoss, concept_batch
+from components.method.models import create_model
+from components.shared.params import ParamsError, TrainParams, flatten_params, load_params
+from components.shared.tracking import use_experiment
+from components.shared.params import ROOT
 
 log = logging.getLogger("c2lip.train")
-ROOT = Path(__file__).resolve().parent.parent
 EXPORT_CONFIG = "open_clip_config.json"
 EXPORT_WEIGHTS = "open_clip_model.safetensors"
 RNG_FILE = "rng_rank{rank}.pt"

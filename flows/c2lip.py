@@ -31,11 +31,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from components.params import STAGES as PARAM_MODELS
-from components.params import EvalModelSpec, SuiteParams, load_params
+from components.shared.params import STAGES as PARAM_MODELS
+from components.shared.params import EvalModelSpec, SuiteParams, load_params
 from flows.workspace import params_overridden, resolve_overrides, workspace_lock
+from components.shared.params import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PROGRESS = re.compile(r"\d+%\|")
 PIPELINE = ["captions", "concepts", "base", "train", "benchmarks", "evaluate"]
 # Every stage resumes (finished shards, checkpoints, cached model results), so a retry repeats no
@@ -262,7 +262,7 @@ def compare_methods(overrides: CompareOverrides | None = None, wait_for_workspac
 
 
 def where_results_are(result: dict[str, Any]) -> str:
-    from components.tracking import default_tracking_uri
+    from components.shared.tracking import default_tracking_uri
 
     registered = result.get("registered")
     db = default_tracking_uri()

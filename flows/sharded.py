@@ -23,15 +23,15 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from components import captions, concepts
-from components.atomic import atomic_write_json
-from components.params import CaptionsParams, ConceptsParams, load_params
+from components.shared.atomic import atomic_write_json
+from components.shared.params import CaptionsParams, ConceptsParams, load_params
 
 _NLP: dict[str, Any] = {}  # one spaCy pipeline per worker process, loaded by its first shard
 
 
 @task(cache_policy=NO_CACHE, retries=2, task_run_name="captions shard {plan_index}")
 def caption_shard(params_json: str, plan: dict, plan_index: int) -> dict[str, Any]:
-    from components.sources import ShardPlan, make_source
+    from components.data.sources import ShardPlan, make_source
 
     params = CaptionsParams.model_validate_json(params_json)
     source = make_source(params)
@@ -54,7 +54,7 @@ def concept_shard(params_json: str, shard: str, keys: list[str], texts: list[str
 
 def sharded_captions(params: CaptionsParams) -> dict[str, Any]:
     """The captions stage with its shards as mapped tasks (parallel sources)."""
-    from components.sources import make_source
+    from components.data.sources import make_source
 
     source = make_source(params)
     if not source.parallel:

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from components.atomic import atomic_write_bytes
-from components.params import validate_params
+from components.shared.atomic import atomic_write_bytes
+from components.shared.params import validate_params
 
 LOCK_NAME = ".c2lip-run.lock"
 

@@ -21,7 +21,7 @@ SHARED = REPO.parent / "shared"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from components.params import CaptionsParams  # noqa: E402
+from components.shared.params import CaptionsParams  # noqa: E402
 
 
 def tiny_captions(tmp_path: Path, **overrides) -> CaptionsParams:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from components import benchmark_metrics as bm
+from components.suite import metrics as bm
 
 T = torch.tensor
 

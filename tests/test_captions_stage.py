@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import webdataset as wds
 
 from components.captions import part_paths, run
-from components.sources import make_source
+from components.data.sources import make_source
 from conftest import REPO, kill_stage_midway, tiny_captions
 
 

@@ -12,7 +12,7 @@ import pytest
 from components import concepts
 from components.captions import run as run_captions
 from components.concepts import ConceptsError, extract, load_nlp, phrase_quality
-from components.params import ConceptsParams, PhraseRules
+from components.shared.params import ConceptsParams, PhraseRules
 from conftest import REPO, kill_stage_midway, tiny_captions
 
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
-from components import benchmark_data as bd
+from components.suite import formats as bd
 from components import evaluate as ev
-from components.params import EvaluateParams, ParamsError, validate_params
+from components.shared.params import EvaluateParams, ParamsError, validate_params
 
 D = 4
 
@@ -329,7 +329,7 @@ def test_evaluate_params_reject_bad_model_specs():
 
 
 def test_model_resolution_errors_say_which_model_and_why(tmp_path):
-    from components.params import EvalModelSpec
+    from components.shared.params import EvalModelSpec
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(ev.EvaluateError, match=r"model 'm': .*empty has no open_clip_config.json"):
@@ -402,8 +402,8 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
     import open_clip
 
     from components import benchmarks as bench_stage
-    from components.params import BenchmarksParams
-    from components.registry import log_export
+    from components.shared.params import BenchmarksParams
+    from components.shared.pyfunc_model import log_export
     from conftest import tiny_captions
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -416,7 +416,7 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
     export = ev.ROOT / "models" / "base" / "export"
     model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{export}")
     torch.save({"module": {f"module.{k}": v for k, v in model.state_dict().items()}}, tmp_path / "mp_rank_00_model_states.pt")
-    from components.tracking import use_experiment
+    from components.shared.tracking import use_experiment
 
     use_experiment("registry-test")
     with mlflow.start_run():

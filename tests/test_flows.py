@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 import yaml
 
-from components.params import ParamsError
+from components.shared.params import ParamsError
 from conftest import REPO, make_clone
 from flows import workspace
 import flows.c2lip as c2lip_flows
@@ -164,7 +164,7 @@ def test_sharded_data_on_a_two_worker_dask_cluster_matches_the_stages(tmp_path):
     import pyarrow.parquet as pq
 
     from components import captions, concepts
-    from components.params import ConceptsParams
+    from components.shared.params import ConceptsParams
     from conftest import tiny_captions
     from flows import sharded
 
@@ -213,7 +213,7 @@ def test_gpu_work_pool_deployments_name_real_entrypoints_and_valid_parameters():
     merged = workspace.resolve_overrides(REPO, full["parameters"]["overrides"])  # the GPU preset validates whole
     assert merged["train"]["processes"] == 8
     from components import compare
-    from components.params import validate_params
+    from components.shared.params import validate_params
 
     gpu = next(d for d in spec["deployments"] if d["name"] == "compare-gpu")["parameters"]["overrides"]
     base = yaml.safe_load((REPO / "params" / "compare.yaml").read_text())

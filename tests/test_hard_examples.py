@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from components import hard_examples as he
-from components import shapesworld as sw
-from components import shapesworld_rules as rules
-from components.params import ShapesWorldParams
+from components.method import hard_examples as he
+from components.data import shapesworld as sw
+from components.data import shapesworld_rules as rules
+from components.shared.params import ShapesWorldParams
 
 
 @pytest.fixture(scope="module")

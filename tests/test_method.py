@@ -10,8 +10,8 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from components import models
-from components.method import (
+from components.method import models
+from components.method.losses import (
     C2LIPLoss,
     C2LIPModule,
     concept_batch,
@@ -20,7 +20,7 @@ from components.method import (
     softmax_contrastive,
     xac_loss,
 )
-from components.models import TINY_CLIP, TINY_RN, TINY_SIGLIP, create_model, image_features_and_tokens
+from components.method.models import TINY_CLIP, TINY_RN, TINY_SIGLIP, create_model, image_features_and_tokens
 
 PHRASES = [
     ["a large red circle", "a small blue square"],

@@ -16,11 +16,11 @@ from PIL import Image
 
 from conftest import REPO, tiny_captions, tiny_training_data
 from components import compare
-from components import hard_examples as he
-from components import method as M
-from components import shapesworld as sw
+from components.method import hard_examples as he
+from components.method import losses
+from components.data import shapesworld as sw
 from components import train as train_stage
-from components.params import CompareParams, ParamsError, ShapesWorldParams, TrainParams, load_params
+from components.shared.params import CompareParams, ParamsError, ShapesWorldParams, TrainParams, load_params
 
 # --------------------------------------------------------------------------------------------------
 # loss terms
@@ -35,8 +35,8 @@ def test_multi_positive_loss_is_siglip_and_clip_with_one_caption_per_image():
     images, texts = _features(5, 0), _features(5, 1)
     scale, bias = torch.tensor(7.0), torch.tensor(-3.0)
     eye, query = torch.eye(5, dtype=torch.bool), torch.ones(5, dtype=torch.bool)
-    assert torch.allclose(M.multi_positive_contrastive(images, texts, eye, query, scale, bias, "sigmoid"), M.sigmoid_contrastive(images, texts, scale, bias))
-    assert torch.allclose(M.multi_positive_contrastive(images, texts, eye, query, scale, bias, "softmax"), M.softmax_contrastive(images, texts, scale, bias))
+    assert torch.allclose(losses.multi_positive_contrastive(images, texts, eye, query, scale, bias, "sigmoid"), losses.sigmoid_contrastive(images, texts, scale, bias))
+    assert torch.allclose(losses.multi_positive_contrastive(images, texts, eye, query, scale, bias, "softmax"), losses.softmax_contrastive(images, texts, scale, bias))
 
 
 def test_hard_positive_and_negative_terms_by_hand():
@@ -48,7 +48,7 @@ def test_hard_positive_and_negative_terms_by_hand():
     logits = s * images @ texts.T + b
     y = positive.double() * 2 - 1
     sigmoid = -sum(math.log(1 / (1 + math.exp(-float(y[i, j] * logits[i, j])))) for i in range(2) for j in range(4)) / 2
-    got = M.multi_positive_contrastive(images, texts, positive, query, torch.tensor(s), torch.tensor(b), "sigmoid")
+    got = losses.multi_positive_contrastive(images, texts, positive, query, torch.tensor(s), torch.tensor(b), "sigmoid")
     assert float(got) == pytest.approx(sigmoid, rel=1e-5)
     L = logits.double()
     # image→text: each positive against the image's negatives only (image 0: texts 1 and 3; image 1: 0, 2, 3)
@@ -56,13 +56,13 @@ def test_hard_positive_and_negative_terms_by_hand():
     i2t = sum(-L[i, p] + torch.logsumexp(torch.stack([L[i, p], *[L[i, n] for n in negs]]), 0) for i, p, negs in pairs) / 3
     # text→image: captions and the hard positive as queries, the hard negative is none
     t2i = sum(-L[o, t] + torch.logsumexp(L[:, t], 0) for t, o in [(0, 0), (1, 1), (2, 0)]) / 3
-    got = M.multi_positive_contrastive(images, texts, positive, query, torch.tensor(s), torch.tensor(b), "softmax")
+    got = losses.multi_positive_contrastive(images, texts, positive, query, torch.tensor(s), torch.tensor(b), "softmax")
     assert float(got) == pytest.approx(float((i2t + t2i) / 2), rel=1e-5)
 
 
 def test_a_hard_negative_close_to_its_image_costs_more():
     images, texts = _features(3, 4), _features(3, 5)
-    loss = M.C2LIPLoss(contrastive="sigmoid", lambda_npc=0, lambda_xac=0)
+    loss = losses.C2LIPLoss(contrastive="sigmoid", lambda_npc=0, lambda_xac=0)
     near = F.normalize(images[0] + 0.05 * texts[1], dim=-1).unsqueeze(0)
     far = -images[0:1]
     owner, neg = torch.tensor([0]), torch.tensor([False])
@@ -77,12 +77,12 @@ def test_the_loss_module_makes_a_hard_positive_a_positive_of_its_own_image():
     images, texts, extras = _features(3, 6), _features(3, 7), _features(2, 8)
     scale, bias = torch.tensor(6.0), torch.tensor(-2.0)
     owner, is_pos = torch.tensor([2, 0]), torch.tensor([True, False])
-    got = M.C2LIPLoss(contrastive="softmax", lambda_npc=0, lambda_xac=0)(
+    got = losses.C2LIPLoss(contrastive="softmax", lambda_npc=0, lambda_xac=0)(
         images, texts, scale, bias, extra_text_features=extras, extra_owner=owner, extra_positive=is_pos)["contrastive_loss"]
     positive = torch.zeros(3, 5, dtype=torch.bool)
     positive[:, :3] = torch.eye(3, dtype=torch.bool)
     positive[2, 3] = True
-    want = M.multi_positive_contrastive(images, torch.cat([texts, extras]), positive, torch.tensor([1, 1, 1, 1, 0], dtype=torch.bool), scale, bias, "softmax")
+    want = losses.multi_positive_contrastive(images, torch.cat([texts, extras]), positive, torch.tensor([1, 1, 1, 1, 0], dtype=torch.bool), scale, bias, "softmax")
     assert torch.allclose(got, want)
 
 
@@ -91,14 +91,14 @@ def test_clic_terms_by_hand():
     positives = torch.stack([_features(3, 11 + k) for k in range(4)])
     has_negative = torch.tensor([True, False, True])
     s, b = torch.tensor(4.0), torch.tensor(-1.0)
-    for kind, contrastive in (("sigmoid", M.sigmoid_contrastive), ("softmax", M.softmax_contrastive)):
-        terms = M.clic_terms(images, positives, negatives, has_negative, s, b, kind)
+    for kind, contrastive in (("sigmoid", losses.sigmoid_contrastive), ("softmax", losses.softmax_contrastive)):
+        terms = losses.clic_terms(images, positives, negatives, has_negative, s, b, kind)
         assert torch.allclose(terms["cont"], sum(contrastive(images, positives[k], s, b) for k in range(4)) / 4)
         sneg = [-torch.log_softmax(torch.stack([s * images[i] @ positives[k, i], s * images[i] @ negatives[i]]), 0)[0]
                 for k in range(4) for i in (0, 2)]
         assert torch.allclose(terms["sneg"], torch.stack(sneg).mean())
         assert torch.allclose(terms["uni"], ((positives[0] - positives[1]) ** 2).sum(-1).mean())
-    weighted = M.CLICLoss("sigmoid", 0.5, 0.5, 1.0)(images, positives, negatives, has_negative, s, b)
+    weighted = losses.CLICLoss("sigmoid", 0.5, 0.5, 1.0)(images, positives, negatives, has_negative, s, b)
     assert set(weighted) == {"clic_cont_loss", "clic_sneg_loss", "clic_uni_loss"}
     assert torch.allclose(weighted["clic_uni_loss"], terms["uni"])
 
@@ -231,7 +231,7 @@ def _params(root, **method) -> TrainParams:
 
 
 def _batches(params: TrainParams, tmp_path, n: int, accumulation: int = 1):
-    from components.models import create_model
+    from components.method.models import create_model
 
     _, transform, _, tokenizer = create_model(params.model.name, pretrained=None)
     shards = train_stage.expand_shards(params.data.shards)
@@ -297,7 +297,7 @@ def test_method_params_and_compare_params_reject_what_cannot_run(tmp_path):
 
 
 def test_a_world_variant_drops_the_benchmarks_it_has_no_items_for(tmp_path):
-    from components.params import EvaluateParams
+    from components.shared.params import EvaluateParams
 
     root = tmp_path / "suite"
     (root / "sugar_crepe").mkdir(parents=True)
@@ -346,7 +346,7 @@ def test_the_compare_flow_trains_each_method_from_one_base_in_a_world_variant_an
     from safetensors.torch import load_file
 
     import flows.c2lip as c2lip_flows
-    from components.models import create_model
+    from components.method.models import create_model
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("C2LIP_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))

@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from components.params import (
+from components.shared.params import (
     PARAMS_DIR,
     STAGES,
     CaptionsParams,
@@ -21,7 +21,7 @@ def test_every_shipped_params_file_validates():
     files = sorted(PARAMS_DIR.glob("*.yaml"))
     assert files, "params/ holds no YAML"
     for path in files:
-        assert path.stem in STAGES, f"{path.name} names no stage in components.params.STAGES"
+        assert path.stem in STAGES, f"{path.name} names no stage in components.shared.params.STAGES"
         assert isinstance(load_params(path.stem, path), STAGES[path.stem])
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from components import register as reg
-from components.params import RegistryParams
+from components.shared.params import RegistryParams
 from conftest import REPO
 
 

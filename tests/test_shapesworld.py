@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components import shapesworld as sw
-from components.params import ShapesWorldParams
+from components.data import shapesworld as sw
+from components.shared.params import ShapesWorldParams
 
 WORLD = ShapesWorldParams()
 HELD = sw.held_out_pairs(WORLD, 0)

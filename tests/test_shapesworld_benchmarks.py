@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import yaml
 
-from components import benchmark_data as bd
+from components.suite import formats as bd
 from components import benchmarks as stage
-from components import shapesworld as sw
-from components import shapesworld_rules as rules
-from components.params import BenchmarksParams, ShapesWorldParams
+from components.data import shapesworld as sw
+from components.data import shapesworld_rules as rules
+from components.shared.params import BenchmarksParams, ShapesWorldParams
 from conftest import tiny_captions
 
 

@@ -14,8 +14,8 @@ import webdataset as wds
 from PIL import Image
 
 from components.captions import run
-from components.params import CaptionsParams
-from components.sources import SourceError, make_source
+from components.shared.params import CaptionsParams
+from components.data.sources import SourceError, make_source
 
 
 def _image(fmt="JPEG", size=(32, 32), color=(200, 30, 30)) -> bytes:
@@ -276,7 +276,7 @@ def test_table_resume_skips_finished_shards_without_downloading(tmp_path, server
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 def test_decompression_bomb_is_a_counted_skip(monkeypatch):
-    from components import sources
+    from components.data import sources
 
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 32 * 32 - 1)
     skip = sources.validate_image(_image(size=(32, 32)))

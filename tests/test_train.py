@@ -16,8 +16,8 @@ import yaml
 
 from conftest import REPO, tiny_training_data
 from components import train as train_stage
-from components.params import ParamsError, TrainParams, load_params
-from components.models import TINY_RN, TINY_SIGLIP, create_model
+from components.shared.params import ParamsError, TrainParams, load_params
+from components.method.models import TINY_RN, TINY_SIGLIP, create_model
 
 
 @pytest.fixture(scope="module")

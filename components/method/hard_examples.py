@@ -1,7 +1,7 @@
 """Hard negatives and hard positives of a training caption, for the hard-negative methods (NegCLIP,
 hard positives + negatives). Groundwork of the sibling-methods issue; the train stage does not use it yet.
 
-- ShapesWorld: exact, from the sample's scene (:mod:`components.shapesworld_rules`): a true description
+- ShapesWorld: exact, from the sample's scene (:mod:`components.data.shapesworld_rules`): a true description
   of the scene, its meaning-changing negatives (each checked false) and its meaning-preserving
   paraphrases (each checked true).
 - Real captions: spaCy rules on the parsed caption. Negatives swap the adjectives or the head nouns of two
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from components import shapesworld_rules as rules
+from components.data import shapesworld_rules as rules
 
 # ----------------------------------------------------------------------------------------------------
 # ShapesWorld: exact
@@ -363,7 +363,7 @@ def shapesworld_tokens(sentence: str, meta: dict[str, Any]) -> list[Token]:
     """Words of a ShapesWorld sentence tagged by the world's own word classes (exact, no parser): the object
     count (NUM), the background (BACKGROUND), object colors (COLOR), sizes (SIZE) and shapes (SHAPE) of the
     scene. Words of no class ("picture", "plain") are left out: a swap of them need not change the meaning."""
-    from components.shapesworld import NUMBER_WORDS
+    from components.data.shapesworld import NUMBER_WORDS
 
     classes = {NUMBER_WORDS[len(meta["objects"])]: "NUM", meta.get("background"): "BACKGROUND"}
     for obj in meta["objects"]:
@@ -398,7 +398,7 @@ def clic_negative(first: str, second: str, first_tokens: list[Token], second_tok
 def shapesworld_sentence_true(sentence: str, meta: dict[str, Any], backgrounds: set[str]) -> bool:
     """Whether one ShapesWorld caption sentence is true of a scene: its object / relation claims (exact), and
     the object count and background it names (``backgrounds``: the background words to recognise)."""
-    from components.shapesworld import NUMBER_WORDS
+    from components.data.shapesworld import NUMBER_WORDS
 
     parsed = parse_shapes_caption(sentence)
     if parsed is not None and not parsed.holds(meta):

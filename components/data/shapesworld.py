@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from components.params import ShapesWorldParams
+from components.shared.params import ShapesWorldParams
 
 SPLITS = {"train": 0, "test": 1}
 GRID = 3  # objects sit in distinct cells of a GRID x GRID layout, so relations are never ambiguous

@@ -25,7 +25,7 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         import open_clip
 
-        import components.models  # noqa: F401  registers our tiny configs with open_clip (and timm)
+        import components.method.models  # noqa: F401  registers our tiny configs with open_clip (and timm)
 
         folder = context.artifacts[EXPORT_ARTIFACT]
         self.model, _, self.preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
@@ -63,7 +63,7 @@ def log_export(export_dir: Path, name: str = "model", registered_model_name: str
         name=name,
         python_model=OpenClipEmbedder(),
         artifacts={EXPORT_ARTIFACT: str(export_dir)},
-        code_paths=[str(Path(__file__).resolve().parent)],
+        code_paths=[str(Path(__file__).resolve().parents[1])],
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"open_clip_torch=={open_clip.__version__}", "pillow", "numpy"],
         registered_model_name=registered_model_name,
     )

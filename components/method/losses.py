@@ -26,7 +26,7 @@ from open_clip.loss import SigLipLoss
 from torch.distributed.nn.functional import all_gather as all_gather_with_grad
 from torch.utils.checkpoint import checkpoint
 
-from components.models import encode_concepts, image_features_and_tokens
+from components.method.models import encode_concepts, image_features_and_tokens
 
 # --------------------------------------------------------------------------------------------------
 # concept batches (the collate's part)

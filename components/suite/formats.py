@@ -2,7 +2,7 @@
 
 Each reader turns one benchmark's files into a :class:`Task`: the images it needs (a file, optionally a
 box to crop), the texts it needs, the per-item indices into both, and how to score the items from the
-image and text embeddings (the metrics of :mod:`components.benchmark_metrics`). Tasks never encode
+image and text embeddings (the metrics of :mod:`components.suite.metrics`). Tasks never encode
 anything themselves, so the evaluate stage can encode each image file once for all of them.
 
 Bad input raises :class:`BenchmarkError` naming the file and the item (index or key) and the reason;
@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from components import benchmark_metrics as bm
+from components.suite import metrics as bm
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 

@@ -24,8 +24,8 @@ from PIL import Image
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from components import shapesworld
-from components.params import CaptionsParams, DownloadParams, TableSourceParams, WebDatasetSourceParams
+from components.data import shapesworld
+from components.shared.params import CaptionsParams, DownloadParams, TableSourceParams, WebDatasetSourceParams
 
 
 class SourceError(ValueError):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from components.shared.params import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def default_tracking_uri() -> str:

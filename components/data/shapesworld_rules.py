@@ -9,7 +9,7 @@ benchmark item the benchmarks stage writes — and every hard positive / negativ
 from here — is checked with :func:`holds`, so a "negative" is never accidentally true and a
 "paraphrase" never changes the meaning.
 
-Pure Python on scene metadata (the dicts :func:`components.shapesworld.scene_metadata` writes), no I/O.
+Pure Python on scene metadata (the dicts :func:`components.data.shapesworld.scene_metadata` writes), no I/O.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from components.shapesworld import INVERSE_RELATION
+from components.data.shapesworld import INVERSE_RELATION
 
 RELATIONS = tuple(INVERSE_RELATION)
 # Words with the same meaning as the world's own (which the training captions never use): the REPLACE

@@ -15,7 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
+# the repository: params/, data/, models/ and the workspace files are relative to it
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS_DIR = ROOT / "params"
 
 
 class ParamsError(ValueError):
@@ -339,7 +341,7 @@ class ModelParams(Strict):
 
 class HardExampleParams(Strict):
     """Hard negatives (negclip, hp_hn) and hard positives (hp_hn) made from each training caption: exact
-    edits of the scene's claims on ShapesWorld, spaCy rules on real captions (components/hard_examples.py)."""
+    edits of the scene's claims on ShapesWorld, spaCy rules on real captions (components/method/hard_examples.py)."""
 
     negative_kinds: list[Literal["swap_att", "swap_obj", "replace_att", "replace_obj", "replace_rel"]] = Field(
         default_factory=lambda: ["swap_att", "swap_obj", "replace_att", "replace_obj", "replace_rel"], min_length=1,

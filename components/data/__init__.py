@@ -1,0 +1,1 @@
+"""Data: caption sources, the training shard stream, ShapesWorld (world, grammar, exact rules)."""

@@ -1,0 +1,1 @@
+"""Helpers every stage uses: params (the one schema), atomic files, tracking, checkpoints, reports."""

@@ -1,0 +1,1 @@
+"""The benchmark suite: readers of the official formats and the metrics."""
