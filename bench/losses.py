@@ -77,7 +77,9 @@ def measure_xac(variant: str, repeats: int) -> tuple[float, float, float]:
 
 def step_times(steps: int) -> dict[str, float]:
     from components.data import shapesworld
-    from components.method.losses import C2LIPLoss, C2LIPModule, concept_batch
+    from components.method.batches import concept_batch
+    from components.method.losses import C2LIPLoss, ContrastiveLoss
+    from components.method.module import TrainingModule
     from components.method.models import TINY_SIGLIP, create_model
     from components.shared.params import ShapesWorldParams
 
@@ -90,17 +92,17 @@ def step_times(steps: int) -> dict[str, float]:
     import io
 
     results = {}
-    for method, loss in (("siglip", C2LIPLoss(lambda_npc=0, lambda_xac=0)), ("c2lip", C2LIPLoss())):
+    for method, loss in (("siglip", ContrastiveLoss()), ("c2lip", C2LIPLoss())):
         torch.manual_seed(0)
         model, _, preprocess, tokenizer = create_model(TINY_SIGLIP)
         images = torch.stack([preprocess(Image.open(io.BytesIO(jpg))) for jpg, _, _ in samples])
         texts = tokenizer([c["long"] for _, c, _ in samples])
-        module = C2LIPModule(model, loss)
+        module = TrainingModule(model, loss)
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
         times = []
         for step in range(steps + 2):
             start = time.perf_counter()
-            batch = concept_batch(phrases, tokenizer) if loss.uses_concepts else {}  # the collate's work counts
+            batch = concept_batch(phrases, tokenizer) if method == "c2lip" else {}  # the collate's work counts
             total = sum(module(images, texts, **batch).values())
             optimizer.zero_grad()
             total.backward()

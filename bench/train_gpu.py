@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from components.method.losses import C2LIPLoss, C2LIPModule  # noqa: E402
+from components.method.losses import C2LIPLoss, ContrastiveLoss  # noqa: E402
+from components.method.module import TrainingModule  # noqa: E402
 import open_clip  # noqa: E402
 
 import components.method.models  # noqa: E402,F401  (registers the tiny configs)
@@ -50,8 +51,8 @@ def measure(method: str, args, device) -> dict:
 
     # the model alone: open_clip's SigLIP tokenizer would need the hub, and the tokens here are synthetic
     model = open_clip.create_model(args.model, nonscalar_logit_scale=True)
-    loss = C2LIPLoss(contrastive="sigmoid", lambda_npc=1.0 if method == "c2lip" else 0.0, lambda_xac=0.01 if method == "c2lip" else 0.0)
-    module = C2LIPModule(model, loss)
+    loss = C2LIPLoss(contrastive="sigmoid", lambda_npc=1.0, lambda_xac=0.01) if method == "c2lip" else ContrastiveLoss("sigmoid")
+    module = TrainingModule(model, loss)
     config = json.loads((ROOT / "infra" / "deepspeed" / ("zero1_fp32.json" if args.cpu else "zero1_bf16.json")).read_text())
     config.update(train_batch_size=args.batch * int(os.environ.get("WORLD_SIZE", 1)), train_micro_batch_size_per_gpu=args.batch,
                   gradient_accumulation_steps=1, gradient_clipping=1.0, zero_allow_untested_optimizer=True)

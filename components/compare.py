@@ -37,9 +37,9 @@ from components.shared.atomic import atomic_write_bytes, atomic_write_json, fing
 from components.suite.formats import BenchmarkError
 from components.shared.params import (CompareParams, EvaluateParams, ParamsError, TrainParams, load_params, validate_params)
 from components.shared.params import ROOT
+from components.shared.stage_code import stage_code
 
 GROUPS = ("compositional", "zero_shot", "retrieval")
-EVALUATION_CODE = [Path(__file__).with_name(n) for n in ("evaluate.py", "benchmark_data.py", "benchmark_metrics.py")]
 
 
 @dataclass(frozen=True)
@@ -234,9 +234,8 @@ class Suite:
 
 
 def run_fingerprint(run: Run, suite: Suite) -> str:
-    from components.train import TRAINING_CODE
-
-    return fingerprint({"train": run.train.model_dump(mode="json"), "suite": suite.fingerprint}, [*TRAINING_CODE, *EVALUATION_CODE])
+    code = sorted({*stage_code("components.train"), *stage_code("components.evaluate")})
+    return fingerprint({"train": run.train.model_dump(mode="json"), "suite": suite.fingerprint}, code)
 
 
 def finished(run: Run, suite: Suite) -> dict[str, float] | None:

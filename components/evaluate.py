@@ -35,10 +35,10 @@ from components.suite import formats as bd
 from components.shared.atomic import atomic_write_bytes, atomic_write_json
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
 from components.shared.params import ROOT
+from components.shared.stage_code import stage_code
 
 EXPORT_CONFIG = "open_clip_config.json"  # what our exports (and MLflow-registered models) hold
 MISSING_SHOWN = 5
-CODE = [Path(__file__), Path(bd.__file__), Path(bd.bm.__file__)]
 
 
 class EvaluateError(ValueError):
@@ -113,7 +113,7 @@ def suite_fingerprint(params: EvaluateParams, tasks: list[bd.Task]) -> str:
         digest.update(task.name.encode())
         digest.update(json.dumps(task.texts).encode())
         digest.update(json.dumps([(str(r.path), r.box) for r in task.images]).encode())
-    for path in CODE:
+    for path in stage_code("components.evaluate"):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from components.method import models
 from components.method.losses import (
     C2LIPLoss,
-    C2LIPModule,
-    concept_batch,
     npc_loss,
     sigmoid_contrastive,
     softmax_contrastive,
     xac_loss,
 )
+from components.method.batches import concept_batch
+from components.method.module import TrainingModule
 from components.method.models import TINY_CLIP, TINY_RN, TINY_SIGLIP, create_model, image_features_and_tokens
 
 PHRASES = [
@@ -73,7 +73,7 @@ def test_token_path_adds_nothing_and_pooled_equals_encode_image(name):
     assert tokens.shape == (6, 64, 128)  # 64 patches of 8 px, joint width 128
     assert torch.equal(model.encode_image(images), before)
     assert list(model.state_dict()) == keys and sum(p.numel() for p in model.parameters()) == count
-    module = C2LIPModule(model, C2LIPLoss())
+    module = TrainingModule(model, C2LIPLoss())
     assert sum(p.numel() for p in module.parameters()) == count  # the method adds no parameter
 
 
@@ -218,7 +218,7 @@ def _loss_and_grads(module, images, texts, batch):
 
 def test_deduplicated_phrases_give_the_same_loss_and_gradients():
     model, tokenizer = _model(TINY_SIGLIP)
-    module = C2LIPModule(model, C2LIPLoss(lambda_xac=0.5))
+    module = TrainingModule(model, C2LIPLoss(lambda_xac=0.5))
     images, texts = _images(), tokenizer([f"caption {i}" for i in range(6)])
     dedup = concept_batch(PHRASES, tokenizer)
     every = {
@@ -237,9 +237,9 @@ def test_deduplicated_phrases_give_the_same_loss_and_gradients():
 def test_own_concept_logit_pair_starts_from_the_model_and_learns():
     model, tokenizer = _model(TINY_CLIP)  # no logit bias: the concept terms need their own pair
     with pytest.raises(ValueError, match="concept_logit='own'"):
-        C2LIPModule(model, C2LIPLoss(contrastive="softmax"))(_images(), tokenizer(["x"] * 6), **concept_batch(PHRASES, tokenizer))
+        TrainingModule(model, C2LIPLoss(contrastive="softmax"))(_images(), tokenizer(["x"] * 6), **concept_batch(PHRASES, tokenizer))
     loss = C2LIPLoss(contrastive="softmax", concept_logit="own", init_logit_scale=model.logit_scale.item(), init_logit_bias=-10.0)
-    module = C2LIPModule(model, loss)
+    module = TrainingModule(model, loss)
     assert loss.concept_logit_scale.item() == pytest.approx(model.logit_scale.item())
     _, grads = _loss_and_grads(module, _images(), tokenizer(["x"] * 6), concept_batch(PHRASES, tokenizer))
     assert "loss.concept_logit_scale" in grads and "loss.concept_logit_bias" in grads
@@ -248,7 +248,7 @@ def test_own_concept_logit_pair_starts_from_the_model_and_learns():
 
 def test_siglip_method_skips_the_concept_terms():
     model, tokenizer = _model(TINY_SIGLIP)
-    terms = C2LIPModule(model, C2LIPLoss(lambda_npc=0, lambda_xac=0))(_images(), tokenizer(["x"] * 6))
+    terms = TrainingModule(model, C2LIPLoss(lambda_npc=0, lambda_xac=0))(_images(), tokenizer(["x"] * 6))
     assert list(terms) == ["contrastive_loss"]
 
 
@@ -269,7 +269,7 @@ def _make(name, seed=0):
         loss = C2LIPLoss(lambda_xac=0.5, xac_chunk=3)
     else:
         loss = C2LIPLoss(contrastive="softmax", lambda_xac=0.5, concept_logit="own", init_logit_scale=2.0, init_logit_bias=-5.0)
-    return C2LIPModule(model, loss), tokenizer
+    return TrainingModule(model, loss), tokenizer
 
 
 def _worker(rank, world, port, name, out_dir):
@@ -304,7 +304,7 @@ def test_two_processes_match_one_process_on_the_global_batch(tmp_path, name):
 
 def test_a_batch_without_phrases_has_zero_concept_terms_and_still_trains():
     model, tokenizer = _model(TINY_SIGLIP)
-    terms = C2LIPModule(model, C2LIPLoss())(_images(2), tokenizer(["a", "b"]), **concept_batch([[], []], tokenizer))
+    terms = TrainingModule(model, C2LIPLoss())(_images(2), tokenizer(["a", "b"]), **concept_batch([[], []], tokenizer))
     assert terms["npc_loss"].item() == 0 and terms["xac_loss"].item() == 0
     sum(terms.values()).backward()
     assert model.logit_bias.grad is not None

@@ -19,7 +19,10 @@ from components import compare
 from components.method import hard_examples as he
 from components.method import losses
 from components.data import shapesworld as sw
-from components import train as train_stage
+from components.shared import checkpoints
+from components.data import stream
+from components.method import batches
+from components.method.registry import method_for
 from components.shared.params import CompareParams, ParamsError, ShapesWorldParams, TrainParams, load_params
 
 # --------------------------------------------------------------------------------------------------
@@ -62,14 +65,13 @@ def test_hard_positive_and_negative_terms_by_hand():
 
 def test_a_hard_negative_close_to_its_image_costs_more():
     images, texts = _features(3, 4), _features(3, 5)
-    loss = losses.C2LIPLoss(contrastive="sigmoid", lambda_npc=0, lambda_xac=0)
+    loss = losses.HardExampleLoss(contrastive="sigmoid")
     near = F.normalize(images[0] + 0.05 * texts[1], dim=-1).unsqueeze(0)
     far = -images[0:1]
     owner, neg = torch.tensor([0]), torch.tensor([False])
     scale, bias = torch.tensor(10.0), torch.tensor(-2.0)
-    cost = {name: float(loss(images, texts, scale, bias, extra_text_features=x, extra_owner=owner, extra_positive=neg)["contrastive_loss"])
-            for name, x in (("near", near), ("far", far))}
-    plain = float(loss(images, texts, scale, bias)["contrastive_loss"])
+    cost = {name: float(loss(images, texts, scale, bias, x, owner, neg)["contrastive_loss"]) for name, x in (("near", near), ("far", far))}
+    plain = float(losses.ContrastiveLoss("sigmoid")(images, texts, scale, bias)["contrastive_loss"])
     assert cost["near"] > cost["far"] > plain  # any extra negative adds a term; a confusable one adds more
 
 
@@ -77,8 +79,7 @@ def test_the_loss_module_makes_a_hard_positive_a_positive_of_its_own_image():
     images, texts, extras = _features(3, 6), _features(3, 7), _features(2, 8)
     scale, bias = torch.tensor(6.0), torch.tensor(-2.0)
     owner, is_pos = torch.tensor([2, 0]), torch.tensor([True, False])
-    got = losses.C2LIPLoss(contrastive="softmax", lambda_npc=0, lambda_xac=0)(
-        images, texts, scale, bias, extra_text_features=extras, extra_owner=owner, extra_positive=is_pos)["contrastive_loss"]
+    got = losses.HardExampleLoss(contrastive="softmax")(images, texts, scale, bias, extras, owner, is_pos)["contrastive_loss"]
     positive = torch.zeros(3, 5, dtype=torch.bool)
     positive[:, :3] = torch.eye(3, dtype=torch.bool)
     positive[2, 3] = True
@@ -157,11 +158,11 @@ def test_clic_positives_and_the_exact_shapesworld_negative():
     scenes = list(_scenes(60))
     swapped = exchanged = 0
     for (meta_a, cap_a, _), (meta_b, cap_b, _) in zip(scenes, scenes[1:]):
-        first, second = train_stage.split_sentences(cap_a["long"]), train_stage.split_sentences(cap_b["long"])
+        first, second = stream.split_sentences(cap_a["long"]), stream.split_sentences(cap_b["long"])
         p1, p2, p3, p4 = he.clic_positives(first, second, rng)
         assert p1 == f"{first[0]} {second[0]}" and p2 == f"{second[0]} {first[0]}"
         for p in (p3, p4):
-            halves = train_stage.split_sentences(p)
+            halves = stream.split_sentences(p)
             assert len(halves) == 2 and {h in first[1:] for h in halves} | {h in second[1:] for h in halves} == {True, False}
         tokens = he.shapesworld_tokens(first[0], meta_a), he.shapesworld_tokens(second[0], meta_b)
         unchecked = he.clic_negative(first[0], second[0], *tokens, np.random.default_rng(0))
@@ -174,7 +175,7 @@ def test_clic_positives_and_the_exact_shapesworld_negative():
             continue
         swapped += 1
         assert sorted(negative.lower().split()) == sorted(p1.lower().split())  # one word swapped across the two
-        neg_a, neg_b = train_stage.split_sentences(negative)
+        neg_a, neg_b = stream.split_sentences(negative)
         assert neg_a != first[0] and neg_b != second[0]
         # some edited sentence now claims a (count, background) that neither half of the composite has
         claims = [(next(w for w in s.lower().split() if w in sw.NUMBER_WORDS), next(w for w in s.lower().split() if w in ("white", "gray", "black")))
@@ -200,16 +201,16 @@ def test_clic_negative_on_real_sentences_follows_the_part_of_speech_rules():
 def test_pairs_keep_orientation_and_never_pair_an_image_with_itself():
     sizes = [(64, 64), (80, 40), (64, 64), (40, 80), (80, 40), (64, 64), (40, 80)]
     for seed in range(20):
-        pairs = train_stage.pair_indices(sizes, np.random.default_rng(seed))
+        pairs = batches.pair_indices(sizes, np.random.default_rng(seed))
         assert [i for i, _ in pairs] == list(range(len(sizes)))
         for i, j in pairs:
             assert i != j
             orientation = lambda k: (sizes[k][0] > sizes[k][1]) - (sizes[k][0] < sizes[k][1])  # noqa: E731
             assert orientation(i) == orientation(j)
     red, blue = Image.new("RGB", (8, 8), (255, 0, 0)), Image.new("RGB", (8, 8), (0, 0, 255))
-    side = np.asarray(train_stage.concatenate_pair(red, blue))
+    side = np.asarray(batches.concatenate_pair(red, blue))
     assert side.shape == (8, 8, 3) and side[4, 1, 0] > 200 and side[4, 6, 2] > 200  # red left, blue right
-    wide = np.asarray(train_stage.concatenate_pair(Image.new("RGB", (16, 8), (255, 0, 0)), Image.new("RGB", (16, 8), (0, 0, 255))))
+    wide = np.asarray(batches.concatenate_pair(Image.new("RGB", (16, 8), (255, 0, 0)), Image.new("RGB", (16, 8), (0, 0, 255))))
     assert wide.shape == (8, 16, 3) and wide[1, 8, 0] > 200 and wide[6, 8, 2] > 200  # stacked: red top, blue bottom
 
 
@@ -234,9 +235,9 @@ def _batches(params: TrainParams, tmp_path, n: int, accumulation: int = 1):
     from components.method.models import create_model
 
     _, transform, _, tokenizer = create_model(params.model.name, pretrained=None)
-    shards = train_stage.expand_shards(params.data.shards)
-    phrases = train_stage.load_phrases(params.data.concepts_dir)
-    data = train_stage.TrainBatches(params, shards, 0, 1, 0, transform, tokenizer, phrases, accumulation)
+    shards = stream.expand_shards(params.data.shards)
+    phrases = stream.load_phrases(params.data.concepts_dir)
+    data = stream.TrainBatches(params, shards, 0, 1, 0, transform, tokenizer, phrases, method_for(params.method.name).make_batch, accumulation)
     return [b for _, b in zip(range(n), iter(data))], tokenizer
 
 
@@ -352,7 +353,7 @@ def test_the_compare_flow_trains_each_method_from_one_base_in_a_world_variant_an
     monkeypatch.setenv("C2LIP_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     torch.manual_seed(0)
-    base = train_stage.export_model(create_model("c2lip-tiny-rn", pretrained=None)[0], "c2lip-tiny-rn", tmp_path / "base")
+    base = checkpoints.export_model(create_model("c2lip-tiny-rn", pretrained=None)[0], "c2lip-tiny-rn", tmp_path / "base")
     captions = tiny_captions(tmp_path, shard_size=25).model_dump(mode="json")
     captions.update(stats_path=str(tmp_path / "captions_stats.json"))
     enabled = {"sugarcrepe": {"data_root": "data/benchmarks/shapesworld/sugar_crepe", "image_root": "data/benchmarks/shapesworld/images"},

@@ -16,6 +16,10 @@ import yaml
 
 from conftest import REPO, tiny_training_data
 from components import train as train_stage
+from components.shared import checkpoints
+from components.data import stream
+from components.method import optim
+from components.method.registry import method_for
 from components.shared.params import ParamsError, TrainParams, load_params
 from components.method.models import TINY_RN, TINY_SIGLIP, create_model
 
@@ -123,9 +127,9 @@ def test_the_presets_load_and_validate():
 def _batches(data: Path, out: Path, start: int, count: int, workers: int, rank: int = 0, world: int = 1, **data_options):
     params = TrainParams.model_validate(tiny_train(data, out, data={"workers": workers, **data_options}))
     _, transform, _, tokenizer = create_model(TINY_SIGLIP)
-    shards = train_stage.expand_shards(params.data.shards)
-    phrases = train_stage.load_phrases(params.data.concepts_dir)
-    dataset = train_stage.TrainBatches(params, shards, rank, world, start, transform, tokenizer, phrases)
+    shards = stream.expand_shards(params.data.shards)
+    phrases = stream.load_phrases(params.data.concepts_dir)
+    dataset = stream.TrainBatches(params, shards, rank, world, start, transform, tokenizer, phrases, method_for(params.method.name).make_batch)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
     it = iter(loader)
     return [next(it) for _ in range(count)]
@@ -147,18 +151,18 @@ def test_the_data_stream_resumes_at_the_same_batch_with_the_same_crops_for_any_w
 
 def test_sentence_sampling_keeps_an_ordered_subset_of_the_sentences():
     text = "One. Two two. Three three three! Four? Five."
-    sentences = train_stage.split_sentences(text)
+    sentences = stream.split_sentences(text)
     assert sentences == ["One.", "Two two.", "Three three three!", "Four?", "Five."]
     seen_counts = set()
     for seed in range(40):
-        picked = train_stage.sample_sentences(text, 2, 4, torch.Generator().manual_seed(seed))
-        parts = train_stage.split_sentences(picked)
+        picked = stream.sample_sentences(text, 2, 4, torch.Generator().manual_seed(seed))
+        parts = stream.split_sentences(picked)
         assert 2 <= len(parts) <= 4 and parts == [s for s in sentences if s in parts]  # a subset, in order
-        assert picked == train_stage.sample_sentences(text, 2, 4, torch.Generator().manual_seed(seed))  # seeded
+        assert picked == stream.sample_sentences(text, 2, 4, torch.Generator().manual_seed(seed))  # seeded
         seen_counts.add(len(parts))
     assert seen_counts == {2, 3, 4}
-    assert train_stage.sample_sentences("Just one sentence.", 1, None) == "Just one sentence."
-    assert train_stage.sample_sentences(text, 5, None, torch.Generator().manual_seed(0)) == text  # min = all
+    assert stream.sample_sentences("Just one sentence.", 1, None) == "Just one sentence."
+    assert stream.sample_sentences(text, 5, None, torch.Generator().manual_seed(0)) == text  # min = all
     with pytest.raises(ValueError, match=r"max_sentences \(1\) is smaller than min_sentences \(2\)"):
         TrainParams.model_validate({"data": {"sentence_sampling": {"min_sentences": 2, "max_sentences": 1}}})
 
@@ -175,20 +179,20 @@ def test_sentence_sampling_shortens_the_training_captions(tiny_data, tmp_path):
 
 
 def test_ranks_read_disjoint_shards(tiny_data, tmp_path):
-    shards = train_stage.expand_shards([str(tiny_data / "captions" / "train" / "*.tar")])
-    take = lambda rank: [s["__key__"] for s, _ in zip(train_stage.sample_stream(shards, 0, rank, 2, 4), range(20))]
+    shards = stream.expand_shards([str(tiny_data / "captions" / "train" / "*.tar")])
+    take = lambda rank: [s["__key__"] for s, _ in zip(stream.sample_stream(shards, 0, rank, 2, 4), range(20))]
     assert not set(take(0)) & set(take(1))
 
 
 def test_param_groups_and_schedule():
     model, _, _, _ = create_model(TINY_SIGLIP)
     params = TrainParams.model_validate({"optim": {"lr": 1e-3, "logit_lr_multiplier": 10, "weight_decay": 0.1}})
-    decay, no_decay, logit = train_stage.param_groups(model, params.optim)
+    decay, no_decay, logit = optim.param_groups(model, params.optim)
     assert {id(p) for p in logit["params"]} == {id(model.logit_scale), id(model.logit_bias)}
     assert logit["lr"] == pytest.approx(1e-2) and logit["weight_decay"] == no_decay["weight_decay"] == 0
     assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
     assert sum(len(g["params"]) for g in (decay, no_decay, logit)) == len(list(model.parameters()))
-    f = [train_stage.lr_factor(s, 100, 10, 0.1) for s in range(100)]
+    f = [optim.lr_factor(s, 100, 10, 0.1) for s in range(100)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0) and f[10] == pytest.approx(1.0)
     assert f[99] == pytest.approx(0.1, abs=1e-3) and all(a >= b for a, b in zip(f[10:], f[11:]))
 
@@ -375,7 +379,7 @@ def test_logit_calibration_fits_scale_and_bias_to_the_sigmoid_loss():
         return -torch.nn.functional.logsigmoid(labels * (np.exp(log_s) * sim + b)).sum().item() / n
 
     before = loss(np.log(10.0), -10.0)
-    log_s, b = train_stage.calibrate_logits(model, batches, np.log(100.0))
+    log_s, b = optim.calibrate_logits(model, batches, np.log(100.0))
     sim = base @ texts.T
     positives, negatives = sim.diag(), sim[~torch.eye(n, dtype=torch.bool)]
     s = np.exp(log_s)
@@ -390,11 +394,11 @@ def test_a_float16_export_halves_the_file_and_loads_into_a_float32_model(tmp_pat
 
     model, _, _, tokenizer = create_model(TINY_RN)
     model.eval()
-    full = train_stage.export_model(model, TINY_RN, tmp_path / "fp32")
-    half = train_stage.export_model(model, TINY_RN, tmp_path / "fp16", "float16")
-    size = lambda d: (d / train_stage.EXPORT_WEIGHTS).stat().st_size
+    full = checkpoints.export_model(model, TINY_RN, tmp_path / "fp32")
+    half = checkpoints.export_model(model, TINY_RN, tmp_path / "fp16", "float16")
+    size = lambda d: (d / checkpoints.EXPORT_WEIGHTS).stat().st_size
     assert size(half) < 0.55 * size(full)
-    with safe_open(str(half / train_stage.EXPORT_WEIGHTS), "pt") as f:
+    with safe_open(str(half / checkpoints.EXPORT_WEIGHTS), "pt") as f:
         assert f.get_tensor("logit_scale").dtype == torch.float16
         assert f.get_tensor("visual.bn1.num_batches_tracked").dtype == torch.int64  # integers stay integers
     loaded, _, _ = open_clip.create_model_and_transforms(f"local-dir:{half}")
@@ -410,5 +414,5 @@ def test_pruning_keeps_the_newest_checkpoints_and_never_the_one_latest_names(tmp
     for step in (1, 2, 3, 4):
         (tmp_path / f"step{step:08d}").mkdir()
     (tmp_path / "latest").write_text("step00000001")  # e.g. a save that has not finished its pointer
-    train_stage.prune_checkpoints(tmp_path, keep=2)
+    checkpoints.prune_checkpoints(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.glob("step*")) == ["step00000001", "step00000003", "step00000004"]

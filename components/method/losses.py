@@ -1,6 +1,12 @@
-"""The training objectives: C2LIP (concept batches and losses), SigLIP/CLIP, the hard-example methods'
-multi-positive contrastive loss (NegCLIP, hard positives + negatives) and CLIC's terms; the training
-module that computes a step's terms. Pure torch, no I/O.
+"""The training objectives, one loss module per method family (open_clip keeps one per objective too):
+:class:`ContrastiveLoss` (SigLIP / CLIP), :class:`C2LIPLoss` (concept terms), :class:`HardExampleLoss`
+(NegCLIP, hard positives + negatives) and :class:`CLICLoss`; the single-device formulas they share.
+Pure torch, no I/O. :mod:`components.method.registry` says which method uses which.
+
+Each loss module has ``forward`` on embeddings (testable in milliseconds) and ``step(towers, **batch)``,
+which encodes what its batch carries with a :class:`~components.method.module.TrainingModule`'s towers and
+calls ``forward``; a batch's keys are those its method's batch builder (:mod:`components.method.batches`)
+writes.
 
 Notation as in DESIGN.md ("The C2LIP method"): x_i image embeddings, t_i caption embeddings, c_k phrase
 (concept) embeddings, u_mj token features of image m, s = exp(logit_scale), b = logit_bias.
@@ -27,33 +33,6 @@ from torch.distributed.nn.functional import all_gather as all_gather_with_grad
 from torch.utils.checkpoint import checkpoint
 
 from components.method.models import encode_concepts, image_features_and_tokens
-
-# --------------------------------------------------------------------------------------------------
-# concept batches (the collate's part)
-# --------------------------------------------------------------------------------------------------
-
-
-def concept_batch(phrases_per_image: list[list[str]], tokenizer) -> dict[str, torch.Tensor]:
-    """Tokens of a batch's distinct phrases and, for every phrase occurrence, its row and its image.
-
-    Returns ``phrase_tokens`` [U, L] (U distinct phrases, in order of first occurrence, tokenized like
-    captions), ``phrase_inverse`` [K] (row of each occurrence) and ``phrase_image_index`` [K] (the
-    local index of the image each occurrence belongs to).
-    """
-    rows: dict[str, int] = {}
-    inverse, owner = [], []
-    for image, phrases in enumerate(phrases_per_image):
-        for phrase in phrases:
-            inverse.append(rows.setdefault(phrase, len(rows)))
-            owner.append(image)
-    distinct = list(rows)
-    tokens = tokenizer(distinct) if distinct else torch.zeros(0, getattr(tokenizer, "context_length", 77), dtype=torch.long)
-    return {
-        "phrase_tokens": tokens,
-        "phrase_inverse": torch.tensor(inverse, dtype=torch.long),
-        "phrase_image_index": torch.tensor(owner, dtype=torch.long),
-    }
-
 
 # --------------------------------------------------------------------------------------------------
 # distributed gathering with gradients
@@ -194,6 +173,31 @@ def xac_loss(image_tokens, phrase_features, image_index, scale, bias, temperatur
     return total / max(K, 1)
 
 
+def _check_contrastive(contrastive: str) -> None:
+    if contrastive not in ("sigmoid", "softmax"):
+        raise ValueError(f"contrastive must be 'sigmoid' or 'softmax', got {contrastive!r}")
+
+
+class ContrastiveLoss(nn.Module):
+    """SigLIP's sigmoid loss (or CLIP's softmax loss) over the global batch: the ``siglip`` method, and
+    CLIC's plain steps."""
+
+    def __init__(self, contrastive: Literal["sigmoid", "softmax"] = "sigmoid"):
+        super().__init__()
+        _check_contrastive(contrastive)
+        self.contrastive = contrastive
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None) -> dict[str, torch.Tensor]:
+        """image_features, text_features [B, D] L2-normalised; logit_scale s (exponentiated)."""
+        images, _ = gather_rows(image_features)
+        texts, _ = gather_rows(text_features)
+        contrastive = sigmoid_contrastive if self.contrastive == "sigmoid" else softmax_contrastive
+        return {"contrastive_loss": contrastive(images, texts, logit_scale, logit_bias)}
+
+    def step(self, towers, images, texts) -> dict[str, torch.Tensor]:
+        return self(towers.encode_image(images), towers.encode_text(texts), *towers.logit_scale_bias())
+
+
 class C2LIPLoss(nn.Module):
     """L = L_contrastive + λ_npc·L_npc + λ_xac·L_xac, returned as a dict of weighted terms whose sum is
     the loss (open_clip's ``output_dict`` contract). Terms with λ = 0 are not computed.
@@ -214,11 +218,10 @@ class C2LIPLoss(nn.Module):
         init_logit_bias: float | None = None,
     ):
         super().__init__()
-        if contrastive not in ("sigmoid", "softmax"):
-            raise ValueError(f"contrastive must be 'sigmoid' or 'softmax', got {contrastive!r}")
+        _check_contrastive(contrastive)
         if xac_temperature <= 0 or xac_chunk < 1:
             raise ValueError("xac_temperature must be > 0 and xac_chunk >= 1")
-        self.contrastive = contrastive
+        self.contrastive = ContrastiveLoss(contrastive)
         self.lambda_npc, self.lambda_xac = float(lambda_npc), float(lambda_xac)
         self.xac_temperature, self.xac_chunk = float(xac_temperature), int(xac_chunk)
         self.concept_logit = concept_logit
@@ -251,33 +254,20 @@ class C2LIPLoss(nn.Module):
         phrase_features: torch.Tensor | None = None,
         phrase_image_index: torch.Tensor | None = None,
         image_tokens: torch.Tensor | None = None,
-        extra_text_features: torch.Tensor | None = None,
-        extra_owner: torch.Tensor | None = None,
-        extra_positive: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Local tensors in, the global batch's loss terms out.
+        """Loss terms of this rank's view of the global batch.
 
         image_features, text_features: [B, D], L2-normalised; logit_scale: s (already exponentiated);
         phrase_features: [K, D] normalised; phrase_image_index: [K], local image of each phrase;
-        image_tokens: [B, J, D] normalised token features (needed when λ_xac > 0);
-        extra_text_features [E, D]: hard negatives and hard positives, extra_owner [E] the local image
-        each was made from, extra_positive [E] bool (a hard positive of its image, else a negative for all).
+        image_tokens: [B, J, D] normalised token features (needed when λ_xac > 0).
         """
-        images, counts = gather_rows(image_features)
-        texts, _ = gather_rows(text_features)
-        rank = dist.get_rank() if distributed() else 0
-        offset = sum(counts[:rank])
-        if extra_text_features is not None:
-            losses = {"contrastive_loss": self._with_extras(images, texts, extra_text_features, extra_owner + offset,
-                                                            extra_positive, logit_scale, logit_bias)}
-        elif self.contrastive == "sigmoid":
-            losses = {"contrastive_loss": sigmoid_contrastive(images, texts, logit_scale, logit_bias)}
-        else:
-            losses = {"contrastive_loss": softmax_contrastive(images, texts, logit_scale, logit_bias)}
+        losses = self.contrastive(image_features, text_features, logit_scale, logit_bias)
         if not self.uses_concepts:
             return losses
         if phrase_features is None or phrase_image_index is None:
             raise ValueError("the concept terms need phrase_features and phrase_image_index")
+        images, counts = gather_rows(image_features)
+        offset = sum(counts[:dist.get_rank() if distributed() else 0])
         phrases, _ = gather_rows(phrase_features)
         owner, _ = gather_rows(phrase_image_index + offset)  # global image index
         scale, bias = self.concept_scale_bias(logit_scale, logit_bias)
@@ -290,11 +280,39 @@ class C2LIPLoss(nn.Module):
             losses["xac_loss"] = self.lambda_xac * xac_loss(tokens, phrases, owner, scale, bias, self.xac_temperature, self.xac_chunk)
         return losses
 
+    def step(self, towers, images, texts, phrase_tokens=None, phrase_inverse=None, phrase_image_index=None) -> dict[str, torch.Tensor]:
+        """images [B, 3, H, W], texts [B, L] and the concept batch (:func:`~components.method.batches.concept_batch`)."""
+        model = towers.model
+        if self.uses_concepts and self.lambda_xac > 0:
+            pooled, tokens = image_features_and_tokens(model, images)
+            image_features, image_tokens = F.normalize(pooled, dim=-1), F.normalize(tokens, dim=-1)
+        else:
+            image_features, image_tokens = towers.encode_image(images), None
+        text_features = towers.encode_text(texts)
+        phrase_features = encode_concepts(model, phrase_tokens, phrase_inverse) if self.uses_concepts else None
+        return self(image_features, text_features, *towers.logit_scale_bias(), phrase_features=phrase_features,
+                    phrase_image_index=phrase_image_index, image_tokens=image_tokens)
 
-    def _with_extras(self, images, texts, extras, owner, is_positive, scale, bias) -> torch.Tensor:
-        extras, _ = gather_rows(extras)
-        owner, _ = gather_rows(owner)
-        is_positive, _ = gather_rows(is_positive.long())
+
+class HardExampleLoss(nn.Module):
+    """NegCLIP and hard positives + negatives: the multi-positive contrastive loss over the captions plus
+    extra text rows, each a hard negative of its image (a negative for every image) or a hard positive of
+    its own image (:func:`multi_positive_contrastive`)."""
+
+    def __init__(self, contrastive: Literal["sigmoid", "softmax"] = "sigmoid"):
+        super().__init__()
+        _check_contrastive(contrastive)
+        self.contrastive = contrastive
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias, extra_text_features, extra_owner, extra_positive) -> dict[str, torch.Tensor]:
+        """image_features, text_features [B, D]; extra_text_features [E, D]; extra_owner [E] the local image
+        each row was made from; extra_positive [E] bool (a hard positive of its image, else a negative)."""
+        images, counts = gather_rows(image_features)
+        texts, _ = gather_rows(text_features)
+        offset = sum(counts[:dist.get_rank() if distributed() else 0])
+        extras, _ = gather_rows(extra_text_features)
+        owner, _ = gather_rows(extra_owner + offset)
+        is_positive, _ = gather_rows(extra_positive.long())
         is_positive = is_positive.bool()
         B = images.shape[0]
         positive = torch.zeros(B, B + extras.shape[0], dtype=torch.bool, device=images.device)
@@ -302,17 +320,24 @@ class C2LIPLoss(nn.Module):
         columns = B + torch.nonzero(is_positive).flatten()
         positive[owner[is_positive], columns] = True
         query = torch.cat([torch.ones(B, dtype=torch.bool, device=images.device), is_positive])
-        return multi_positive_contrastive(images, torch.cat([texts, extras]), positive, query, scale, bias, self.contrastive)
+        loss = multi_positive_contrastive(images, torch.cat([texts, extras]), positive, query, logit_scale, logit_bias, self.contrastive)
+        return {"contrastive_loss": loss}
+
+    def step(self, towers, images, texts, extra_texts, extra_owner, extra_positive) -> dict[str, torch.Tensor]:
+        return self(towers.encode_image(images), towers.encode_text(texts), *towers.logit_scale_bias(),
+                    towers.encode_text(extra_texts), extra_owner, extra_positive)
 
 
 class CLICLoss(nn.Module):
     """CLIC's objective on a batch of concatenated image pairs (arXiv 2505.24424), as weighted terms:
     w_cont·L_cont + w_sneg·L_sneg + w_uni·L_uni (0.5, 0.5, 1.0 in the paper). ``contrastive`` picks the
-    sigmoid (SigLIP-family models) or softmax form of L_cont; L_sneg is a binary softmax in both."""
+    sigmoid (SigLIP-family models) or softmax form of L_cont; L_sneg is a binary softmax in both. Plain
+    batches (CLIC alternates them with pair batches) get the plain contrastive loss."""
 
     def __init__(self, contrastive: Literal["sigmoid", "softmax"] = "sigmoid", weight_cont: float = 0.5,
                  weight_sneg: float = 0.5, weight_uni: float = 1.0):
         super().__init__()
+        self.plain = ContrastiveLoss(contrastive)
         self.contrastive = contrastive
         self.weights = {"cont": float(weight_cont), "sneg": float(weight_sneg), "uni": float(weight_uni)}
 
@@ -325,64 +350,12 @@ class CLICLoss(nn.Module):
         terms = clic_terms(images, positives.transpose(0, 1), negatives, has_negative.bool(), logit_scale, logit_bias, self.contrastive)
         return {f"clic_{k}_loss": self.weights[k] * v for k, v in terms.items()}
 
-
-class C2LIPModule(nn.Module):
-    """Model + loss as one module, so DDP or DeepSpeed can wrap a whole training step's forward."""
-
-    def __init__(self, model: nn.Module, loss: C2LIPLoss, clic: CLICLoss | None = None, freeze_image_tower: bool = False):
-        super().__init__()
-        self.model, self.loss, self.clic = model, loss, clic
-        self.freeze_image_tower = freeze_image_tower
-        if freeze_image_tower:
-            model.visual.requires_grad_(False)
-
-    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
-        if not self.freeze_image_tower:
-            return self.model.encode_image(images, normalize=True)
-        # a frozen tower keeps its normalisation statistics too (eval mode: BatchNorm's running means do
-        # not move), and needs no graph
-        self.model.visual.eval()
-        with torch.no_grad():
-            return self.model.encode_image(images, normalize=True)
-
-    def forward(
-        self,
-        images: torch.Tensor,
-        texts: torch.Tensor,
-        phrase_tokens: torch.Tensor | None = None,
-        phrase_inverse: torch.Tensor | None = None,
-        phrase_image_index: torch.Tensor | None = None,
-        extra_texts: torch.Tensor | None = None,
-        extra_owner: torch.Tensor | None = None,
-        extra_positive: torch.Tensor | None = None,
-        clic_negative_texts: torch.Tensor | None = None,
-        clic_has_negative: torch.Tensor | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """A training step's loss terms. Plain batches: images [B, 3, H, W], texts [B, L] (+ the concept
-        batch for c2lip, + extra_* token rows for the hard-example methods). A CLIC pair batch: composite
-        images [B, ...], texts [4B, L] (p1..p4 blocks of B), clic_negative_texts [B, L], clic_has_negative [B]."""
-        model = self.model
-        bias = getattr(model, "logit_bias", None)
-        if clic_negative_texts is not None:
-            if self.clic is None:
-                raise ValueError("a CLIC pair batch needs the module's clic loss")
-            image_features = self.encode_image(images)
-            positives = model.encode_text(texts, normalize=True).view(4, images.shape[0], -1)
-            negatives = model.encode_text(clic_negative_texts, normalize=True)
-            return self.clic(image_features, positives, negatives, clic_has_negative, model.logit_scale.exp(), bias)
-        need_tokens = self.loss.uses_concepts and self.loss.lambda_xac > 0
-        if need_tokens:
-            pooled, tokens = image_features_and_tokens(model, images)
-            image_features, image_tokens = F.normalize(pooled, dim=-1), F.normalize(tokens, dim=-1)
-        else:
-            image_features, image_tokens = self.encode_image(images), None
-        text_features = model.encode_text(texts, normalize=True)
-        phrase_features = None
-        if self.loss.uses_concepts:
-            phrase_features = encode_concepts(model, phrase_tokens, phrase_inverse)
-        extra_features = model.encode_text(extra_texts, normalize=True) if extra_texts is not None else None
-        return self.loss(
-            image_features, text_features, model.logit_scale.exp(), bias,
-            phrase_features=phrase_features, phrase_image_index=phrase_image_index, image_tokens=image_tokens,
-            extra_text_features=extra_features, extra_owner=extra_owner, extra_positive=extra_positive,
-        )
+    def step(self, towers, images, texts, clic_negative_texts=None, clic_has_negative=None) -> dict[str, torch.Tensor]:
+        """A pair batch: composite images [B, ...], texts [4B, L] (p1..p4 blocks of B), clic_negative_texts
+        [B, L], clic_has_negative [B]; without the negatives, a plain batch."""
+        if clic_negative_texts is None:
+            return self.plain.step(towers, images, texts)
+        image_features = towers.encode_image(images)
+        positives = towers.encode_text(texts).view(4, images.shape[0], -1)
+        negatives = towers.encode_text(clic_negative_texts)
+        return self(image_features, positives, negatives, clic_has_negative, *towers.logit_scale_bias())

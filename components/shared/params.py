@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 # the repository: params/, data/, models/ and the workspace files are relative to it
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS_DIR = ROOT / "params"
+# ShapesWorld's zero-shot prompts: the evaluate stage's default and the train stage's probe
+SHAPESWORLD_ZERO_SHOT_TEMPLATES = ("a {}.", "There is a small {}.", "There is a large {}.", "A picture of one shape: a {}.")
 
 
 class ParamsError(ValueError):
@@ -368,6 +370,8 @@ class MethodParams(Strict):
     """The training objective: ``siglip`` (plain contrastive), ``c2lip`` (plus the concept losses), or a
     sibling method: ``negclip`` (+ hard negatives), ``hp_hn`` (+ hard positives and negatives), ``clic``."""
 
+    # the keys of components.method.registry.METHODS (a test keeps them equal; the Literal lets Prefect's run
+    # form offer them and keeps this schema free of torch)
     name: Literal["siglip", "c2lip", "negclip", "hp_hn", "clic"] = Field(
         "c2lip", description="siglip: the baseline; c2lip: + λ_npc·L_npc + λ_xac·L_xac; negclip / hp_hn: hard negatives "
         "(and positives) in the contrastive loss; clic: concatenated pairs every other step.")
@@ -382,19 +386,11 @@ class MethodParams(Strict):
     hard_examples: HardExampleParams = Field(default_factory=HardExampleParams, description="negclip and hp_hn: hard negatives / positives.")
     clic: CLICParams = Field(default_factory=CLICParams, description="clic: loss weights and the trained towers.")
 
-    @property
-    def uses_hard_examples(self) -> bool:
-        return self.name in ("negclip", "hp_hn")
-
     @model_validator(mode="after")
     def _check(self) -> "MethodParams":
         if self.name == "c2lip" and self.lambda_npc == 0 and self.lambda_xac == 0:
             raise ValueError("method c2lip needs lambda_npc > 0 or lambda_xac > 0 (both 0 is method siglip)")
         return self
-
-    @property
-    def uses_concepts(self) -> bool:
-        return self.name == "c2lip"
 
 
 class OptimParams(Strict):
@@ -538,7 +534,7 @@ class WinogroundParams(BenchmarkSource):
 
 class ZeroShotParams(BenchmarkSource):
     templates: list[str] = Field(
-        default_factory=lambda: ["a {}.", "There is a small {}.", "There is a large {}.", "A picture of one shape: a {}."],
+        default_factory=lambda: list(SHAPESWORLD_ZERO_SHOT_TEMPLATES),
         min_length=1, description="Prompt templates, '{}' replaced by the class name (open_clip's classifier averages them).")
     classnames_file: str | None = Field("classnames.txt", description="Class folders in label order, one per line (absent: the sub-folders).")
     held_out_file: str | None = Field("held_out_classes.txt", description="Class folders reported apart (ShapesWorld's unseen pairs; absent: none).")

@@ -1,0 +1,169 @@
+"""The training data stream: a deterministic, resumable sequence of WebDataset samples per rank, decoded
+into micro-batches by a method's batch builder; the concepts stage's phrases; sentence sampling.
+
+The data order is a pure function of (seed, epoch, rank) and each batch's random choices of (seed, rank,
+batch index), so a killed run resumes at the same sample with the same crops and texts.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import random
+import re
+import sys
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+import webdataset as wds
+from PIL import Image
+from torch.utils.data import IterableDataset, get_worker_info
+
+from components.shared.params import ParamsError
+
+
+def expand_shards(patterns: list[str]) -> list[str]:
+    """Sorted shard paths of every pattern (a path or a glob); a pattern that matches nothing is an error."""
+    shards: list[str] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else ([pattern] if Path(pattern).is_file() else [])
+        if not matches:
+            raise ParamsError(f"data.shards: {pattern!r} matches no file (run the captions stage first?)")
+        shards.extend(matches)
+    return shards
+
+
+def load_phrases(concepts_dir: Path) -> dict[str, list[str]]:
+    """key -> noun phrases, from the concepts stage's Parquet files."""
+    phrases: dict[str, list[str]] = {}
+    for path in sorted(Path(concepts_dir).glob("*.parquet")):
+        table = pq.read_table(path, columns=["key", "phrases"])
+        for key, items in zip(table.column("key").to_pylist(), table.column("phrases").to_pylist()):
+            phrases[key] = list(items)
+    return phrases
+
+
+def sample_stream(shards: list[str], seed: int, rank: int, world: int, shuffle_buffer: int) -> Iterator[dict]:
+    """Endless raw samples for one rank: each epoch permutes the shards with (seed, epoch), deals them out
+    round-robin to the ranks, and shuffles samples in a buffer seeded by (seed, epoch, rank)."""
+    for epoch in range(sys.maxsize):
+        order = np.random.default_rng([seed, epoch]).permutation(len(shards))
+        mine = [shards[i] for i in order[rank::world]]
+        samples = wds.tariterators.tarfile_samples({"url": url} for url in mine)
+        rng = random.Random(f"{seed}:{epoch}:{rank}")
+        yield from wds.filters.shuffle(bufsize=shuffle_buffer, initial=shuffle_buffer, rng=rng)(samples)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of a caption: split after '.', '!' or '?' followed by white space."""
+    return [t for t in re.split(r"(?<=[.!?])\s+", text.strip()) if t]
+
+
+def sample_sentences(text: str, min_sentences: int, max_sentences: int | None, generator: torch.Generator | None = None) -> str:
+    """A random subset of ``text``'s sentences, in their order: k uniform in [min, max] (clipped to the
+    caption's count), then k distinct sentences. Uses torch's RNG, seeded per batch by the caller."""
+    sentences = split_sentences(text)
+    n = len(sentences)
+    if n <= 1:
+        return text
+    high = min(n, max_sentences or n)
+    low = min(min_sentences, high)
+    k = int(torch.randint(low, high + 1, (1,), generator=generator))
+    keep = sorted(torch.randperm(n, generator=generator)[:k].tolist())
+    return " ".join(sentences[i] for i in keep)
+
+
+@dataclass
+class BatchContext:
+    """What a builder may use besides the samples. ``params``: the validated TrainParams; ``phrases``: key ->
+    noun phrases (None when the run loads none); ``nlp(name)``: a spaCy pipeline, loaded on first use;
+    ``index``: the micro-batch's index in the run; ``accumulation``: micro-batches per optimiser step."""
+
+    params: Any
+    transform: Callable
+    tokenizer: Callable
+    phrases: dict[str, list[str]] | None
+    rng: np.random.Generator
+    nlp: Callable[[str], Any]
+    index: int
+    accumulation: int
+
+
+class TrainBatches(IterableDataset):
+    """Micro-batches for one rank, from batch ``start`` on. With DataLoader workers, worker w decodes the
+    batches b ≡ w (mod workers): DataLoader takes batches from its workers in that same round-robin
+    order, so the sequence is identical for any number of workers.
+
+    ``build(decoded, context)`` is the method's batch builder (:mod:`components.method.batches`); with
+    ``build=None`` a batch is images and captions only (the logit calibration's batches). Torch's RNG and
+    the context's numpy generator are seeded by (seed, rank, batch index) before each batch."""
+
+    def __init__(self, params, shards: list[str], rank: int, world: int, start: int, transform, tokenizer,
+                 phrases: dict[str, list[str]] | None, build: Callable | None, accumulation: int = 1):
+        self.params, self.shards, self.rank, self.world, self.start = params, shards, rank, world, start
+        self.transform, self.tokenizer, self.phrases = transform, tokenizer, phrases
+        self.build, self.accumulation = build, accumulation
+        self._nlp: dict[str, Any] = {}
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        size = self.params.micro_batch
+        stream = sample_stream(self.shards, self.params.seed, self.rank, self.world, self.params.data.shuffle_buffer)
+        stream = islice(stream, self.start * size, None)  # skipped samples are read, never decoded
+        index = self.start
+        while True:
+            chunk = list(islice(stream, size))
+            if (index - self.start) % workers == worker:
+                yield self.make_batch(chunk, index)
+            index += 1
+
+    def nlp(self, name: str):
+        """spaCy, loaded on first use in this worker (only real, non-ShapesWorld captions need it)."""
+        if name not in self._nlp:
+            import spacy
+
+            self._nlp[name] = spacy.load(name, exclude=["ner", "lemmatizer"])
+        return self._nlp[name]
+
+    def decode(self, samples: list[dict]) -> list[tuple[str, dict, str, Image.Image]]:
+        """(key, scene metadata, caption of the picked field, image) per sample; a broken sample is named."""
+        data = self.params.data
+        fields = data.caption_fields
+        picks = torch.randint(len(fields), (len(samples),)).tolist()
+        out = []
+        for sample, pick in zip(samples, picks):
+            key = sample["__key__"]
+            field = fields[pick]
+            try:
+                meta = json.loads(sample["json"]) if "json" in sample else {}
+                caption = meta.get("captions", {}).get(field)
+                if caption is None and field == "txt" and "txt" in sample:
+                    caption = sample["txt"].decode()
+                if caption is None:
+                    raise KeyError(f"caption field {field!r} missing")
+                image = Image.open(io.BytesIO(sample["jpg"])).convert("RGB")
+            except Exception as err:  # noqa: BLE001 - any broken sample: name it and stop
+                raise ValueError(f"{sample.get('__url__', '?')}: sample {key!r}: {err}") from err
+            if self.phrases is not None and key not in self.phrases:
+                raise KeyError(f"{sample.get('__url__', '?')}: sample {key!r} has no phrases in {data.concepts_dir}")
+            out.append((key, meta, caption, image))
+        return out
+
+    def make_batch(self, samples: list[dict], index: int) -> dict[str, torch.Tensor]:
+        seed = self.params.seed
+        # crops depend on (seed, rank, batch index) only, not on which worker or how many came before
+        torch.manual_seed(hash((seed, self.rank, index)) % (2**63))
+        rng = np.random.default_rng([seed, self.rank, index])  # hard examples, CLIC's pairing
+        decoded = self.decode(samples)
+        if self.build is None:
+            return {"images": torch.stack([self.transform(image) for *_, image in decoded]),
+                    "texts": self.tokenizer([caption for _, _, caption, _ in decoded])}
+        context = BatchContext(self.params, self.transform, self.tokenizer, self.phrases, rng, self.nlp, index, self.accumulation)
+        return self.build(decoded, context)
