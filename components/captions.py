@@ -33,11 +33,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from components.data import shapesworld
-from components.data import sources
+from components.data import shapesworld, sources
+from components.data.sources import RawSample, ShardPlan, Skip, SourceError, make_source
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
 from components.shared.params import CaptionsParams, ParamsError, load_params
-from components.data.sources import RawSample, ShardPlan, Skip, SourceError, make_source
 
 SKIP_EXAMPLES = 3  # per reason, kept in the stats so a user can look at what was skipped
 

@@ -34,10 +34,9 @@ import yaml
 from tqdm import tqdm
 
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
-from components.suite.formats import BenchmarkError
-from components.shared.params import (CompareParams, EvaluateParams, ParamsError, TrainParams, load_params, validate_params)
-from components.shared.params import ROOT
+from components.shared.params import ROOT, CompareParams, EvaluateParams, ParamsError, TrainParams, load_params, validate_params
 from components.shared.stage_code import stage_code
+from components.suite.formats import BenchmarkError
 
 GROUPS = ("compositional", "zero_shot", "retrieval")
 

@@ -31,11 +31,10 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from components.suite import formats as bd
 from components.shared.atomic import atomic_write_bytes, atomic_write_json
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
-from components.shared.params import ROOT
 from components.shared.stage_code import stage_code
+from components.suite import formats as bd
 
 EXPORT_CONFIG = "open_clip_config.json"  # what our exports (and MLflow-registered models) hold
 MISSING_SHOWN = 5
@@ -135,8 +134,9 @@ def resolve_model(spec: EvalModelSpec, download_dir: Path) -> tuple[str, Any]:
         return "pretrained", (spec.arch, spec.pretrained)
     uri = spec.uri
     if uri.startswith("models:/") or uri.startswith("runs:/"):
-        from components.shared.tracking import default_tracking_uri
         import mlflow
+
+        from components.shared.tracking import default_tracking_uri
 
         mlflow.set_tracking_uri(default_tracking_uri())
         target = download_dir / spec.name

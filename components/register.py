@@ -18,13 +18,11 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from components.shared.params import ParamsError, RegistryParams, load_params
-from components.shared.params import ROOT
+from components.shared.params import ROOT, ParamsError, RegistryParams, load_params
 
 SUMMARY_KEYS = ("compositional", "zero_shot", "retrieval")
 

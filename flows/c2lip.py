@@ -31,10 +31,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_params
 from components.shared.params import STAGES as PARAM_MODELS
-from components.shared.params import EvalModelSpec, SuiteParams, load_params
 from flows.workspace import params_overridden, resolve_overrides, workspace_lock
-from components.shared.params import ROOT
 
 PROGRESS = re.compile(r"\d+%\|")
 PIPELINE = ["captions", "concepts", "base", "train", "benchmarks", "evaluate"]

@@ -7,10 +7,10 @@ import time
 
 import pyarrow.parquet as pq
 import webdataset as wds
+from conftest import REPO, kill_stage_midway, tiny_captions
 
 from components.captions import part_paths, run
 from components.data.sources import make_source
-from conftest import REPO, kill_stage_midway, tiny_captions
 
 
 def _tars(params):

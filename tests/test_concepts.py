@@ -8,12 +8,12 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import REPO, kill_stage_midway, tiny_captions
 
 from components import concepts
 from components.captions import run as run_captions
 from components.concepts import ConceptsError, extract, load_nlp, phrase_quality
 from components.shared.params import ConceptsParams, PhraseRules
-from conftest import REPO, kill_stage_midway, tiny_captions
 
 
 @pytest.fixture(scope="module")

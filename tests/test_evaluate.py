@@ -13,9 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
-from components.suite import formats as bd
 from components import evaluate as ev
 from components.shared.params import EvaluateParams, ParamsError, validate_params
+from components.suite import formats as bd
 
 D = 4
 
@@ -400,11 +400,11 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
     agree exactly; then the outputs, the MLflow run, and a re-run served from the cache."""
     import mlflow
     import open_clip
+    from conftest import tiny_captions
 
     from components import benchmarks as bench_stage
     from components.shared.params import BenchmarksParams
     from components.shared.pyfunc_model import log_export
-    from conftest import tiny_captions
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("C2LIP_MLFLOW_ARTIFACTS", (tmp_path / "artifacts").as_uri())

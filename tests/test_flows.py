@@ -11,11 +11,11 @@ import urllib.request
 
 import pytest
 import yaml
-
-from components.shared.params import ParamsError
 from conftest import REPO, make_clone
-from flows import workspace
+
 import flows.c2lip as c2lip_flows
+from components.shared.params import ParamsError
+from flows import workspace
 from flows.c2lip import RunOverrides, overrides_dict
 
 
@@ -162,10 +162,10 @@ def test_sharded_data_on_a_two_worker_dask_cluster_matches_the_stages(tmp_path):
     """Captions and concepts with every shard a Prefect task on a local Dask cluster of 2 worker
     processes write the same shards, manifest and phrases as the single-process stages."""
     import pyarrow.parquet as pq
+    from conftest import tiny_captions
 
     from components import captions, concepts
     from components.shared.params import ConceptsParams
-    from conftest import tiny_captions
     from flows import sharded
 
     outputs = {}

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from components.method import hard_examples as he
 from components.data import shapesworld as sw
 from components.data import shapesworld_rules as rules
+from components.method import hard_examples as he
 from components.shared.params import ShapesWorldParams
 
 
@@ -38,21 +38,27 @@ def test_real_caption_positives(nlp):
 
 
 def test_shapesworld_negatives_are_false_and_positives_keep_the_meaning():
+    """The exact rules' edits of a fresh true description: every negative false, every paraphrase different."""
     world = ShapesWorldParams()
     held = sw.held_out_pairs(world, 0)
     made = 0
     for index in range(60):
         meta = sw.scene_metadata(sw.sample_scene(world, 0, "train", index, held), held)
-        caption, negatives = he.shapesworld_negatives(meta, np.random.default_rng(index), world)
-        again = he.shapesworld_negatives(meta, np.random.default_rng(index), world)
-        assert again == (caption, negatives)  # a pure function of (scene, rng)
-        assert caption not in negatives and len(set(negatives)) == len(negatives)
-        desc, descs = he.shapesworld_negative_descriptions(meta, np.random.default_rng(index), world)
-        assert desc.text() == caption and [d.text() for d in descs] == negatives
+
+        def negatives(seed):
+            rng = np.random.default_rng(seed)
+            desc = rules.describe_scene(meta, rng)
+            pairs = [rules.negative_for(kind, desc, meta, rng, world) for kind in he.SWAP_AND_REPLACE]
+            return desc, [p[1] for p in pairs if p is not None]
+
+        desc, descs = negatives(index)
+        assert negatives(index) == (desc, descs)  # a pure function of (scene, rng)
+        texts = [d.text() for d in descs]
+        assert desc.text() not in texts and len(set(texts)) == len(texts)
         assert rules.holds(desc, meta["objects"], meta["background"])
         assert not any(rules.holds(d, meta["objects"], meta["background"]) for d in descs)  # every negative is false
-        made += len(negatives)
-        pos_caption, positive = he.shapesworld_hard_positive(meta, np.random.default_rng(index))
-        assert positive != pos_caption
+        made += len(descs)
+        paraphrases = [p for p in (rules.paraphrase(desc), rules.synonym_paraphrase(desc, "size"), rules.synonym_paraphrase(desc, "relation")) if p]
+        assert paraphrases and all(p.text() != desc.text() for p in paraphrases)
     assert made > 100
     assert set(he.SWAP_AND_REPLACE) == {k for k in rules.NEGATIVE_KINDS if not k.startswith("add")}

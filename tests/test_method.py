@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from components.method import models
+from components.method.batches import concept_batch
 from components.method.losses import (
     C2LIPLoss,
     npc_loss,
@@ -18,9 +19,8 @@ from components.method.losses import (
     softmax_contrastive,
     xac_loss,
 )
-from components.method.batches import concept_batch
-from components.method.module import TrainingModule
 from components.method.models import TINY_CLIP, TINY_RN, TINY_SIGLIP, create_model, image_features_and_tokens
+from components.method.module import TrainingModule
 
 PHRASES = [
     ["a large red circle", "a small blue square"],

@@ -12,17 +12,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from conftest import REPO, tiny_captions, tiny_training_data
 from PIL import Image
 
-from conftest import REPO, tiny_captions, tiny_training_data
 from components import compare
-from components.method import hard_examples as he
-from components.method import losses
 from components.data import shapesworld as sw
-from components.shared import checkpoints
 from components.data import stream
-from components.method import batches
+from components.method import batches, losses
+from components.method import hard_examples as he
 from components.method.registry import method_for
+from components.shared import checkpoints
 from components.shared.params import CompareParams, ParamsError, ShapesWorldParams, TrainParams, load_params
 
 # --------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import yaml
+from conftest import REPO
 
 from components.shared.params import (
     PARAMS_DIR,
@@ -14,7 +15,6 @@ from components.shared.params import (
     flatten_params,
     load_params,
 )
-from conftest import REPO
 
 
 def test_every_shipped_params_file_validates():

@@ -4,10 +4,10 @@ import json
 
 import pandas as pd
 import pytest
+from conftest import REPO
 
 from components import register as reg
 from components.shared.params import RegistryParams
-from conftest import REPO
 
 
 def _params(tmp_path, summary: dict[str, float], **gates) -> RegistryParams:

@@ -6,13 +6,13 @@ import re
 import numpy as np
 import pytest
 import yaml
+from conftest import tiny_captions
 
-from components.suite import formats as bd
 from components import benchmarks as stage
 from components.data import shapesworld as sw
 from components.data import shapesworld_rules as rules
 from components.shared.params import BenchmarksParams, ShapesWorldParams
-from conftest import tiny_captions
+from components.suite import formats as bd
 
 
 def obj(color, shape, size, row, col):

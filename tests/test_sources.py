@@ -14,8 +14,8 @@ import webdataset as wds
 from PIL import Image
 
 from components.captions import run
-from components.shared.params import CaptionsParams
 from components.data.sources import SourceError, make_source
+from components.shared.params import CaptionsParams
 
 
 def _image(fmt="JPEG", size=(32, 32), color=(200, 30, 30)) -> bytes:

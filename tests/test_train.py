@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from conftest import REPO, tiny_training_data
+
 from components import train as train_stage
-from components.shared import checkpoints
 from components.data import stream
 from components.method import optim
-from components.method.registry import method_for
-from components.shared.params import ParamsError, TrainParams, load_params
 from components.method.models import TINY_RN, TINY_SIGLIP, create_model
+from components.method.registry import method_for
+from components.shared import checkpoints
+from components.shared.params import ParamsError, TrainParams, load_params
 
 
 @pytest.fixture(scope="module")

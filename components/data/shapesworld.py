@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
+from components.data import shapesworld_grammar as grammar
+from components.data.shapesworld_grammar import INVERSE_RELATION, NUMBER_WORDS  # noqa: F401  (the world's words)
 from components.shared.params import ShapesWorldParams
 
 SPLITS = {"train": 0, "test": 1}
 GRID = 3  # objects sit in distinct cells of a GRID x GRID layout, so relations are never ambiguous
 SUPERSAMPLE = 4  # draw large and downsample: anti-aliased edges make shapes legible at 64 px
-NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 # Relation of a subject to an object, and the inverse used when the pair is read the other way round.
-INVERSE_RELATION = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
 
 
 @dataclass(frozen=True)
@@ -143,48 +143,29 @@ def render(world: ShapesWorldParams, scene: dict[str, Any]) -> Image.Image:
     return img.resize((world.image_size, world.image_size), Image.Resampling.LANCZOS)
 
 
-def _pick(rng: np.random.Generator, options: list[str]) -> str:
+def _pick(rng: np.random.Generator, options) -> str:
     return options[int(rng.integers(len(options)))]
 
 
 def describe(scene: dict[str, Any]) -> dict[str, str]:
     """DreamLIP-style caption fields: ``long`` (every object, relation and the background), ``short``
-    (one sentence) and ``raw`` (noisy alt-text)."""
+    (one sentence) and ``raw`` (noisy alt-text), in the world's grammar (:mod:`shapesworld_grammar`)."""
     rng: np.random.Generator = scene["rng"]
     objects: list[SceneObject] = scene["objects"]
     background = scene["background"]
-    n = len(objects)
-    noun = "shape" if n == 1 else "shapes"
-    sentences = [
-        _pick(rng, [
-            f"A picture of {NUMBER_WORDS[n]} {noun} on a {background} background.",
-            f"An image showing {NUMBER_WORDS[n]} {noun} on a plain {background} background.",
-            f"This image contains {NUMBER_WORDS[n]} simple {noun} against a {background} background.",
-        ])
-    ]
-    for obj in objects:
-        sentences.append(_pick(rng, [f"There is {obj.phrase}.", f"The image shows {obj.phrase}.", f"We can see {obj.phrase}."]))
-    for rel in scene["relations"]:
-        a, b = objects[rel["subject"]], objects[rel["object"]]
-        sentences.append(f"{a.name[0].upper()}{a.name[1:]} is {rel['relation']} {b.name}.")
-    long = " ".join(sentences)
-
-    if n == 1:
-        short = f"{objects[0].phrase[0].upper()}{objects[0].phrase[1:]} on a {background} background."
-    else:
-        first = f"{objects[0].phrase} {relation(objects[0], objects[1])} {objects[1].phrase}"
-        rest = [o.phrase for o in objects[2:]]
-        short = first + "".join(f", and {p}" for p in rest)
-        short = short[0].upper() + short[1:] + "."
-
+    mentions = [grammar.Mention(shape=o.shape, color=o.color, size=o.size) for o in objects]
+    count_template = int(rng.integers(len(grammar.COUNT_SENTENCES)))
+    prefixes = [_pick(rng, grammar.OBJECT_PREFIXES) for _ in objects]
+    relations = [(r["subject"], r["relation"], r["object"]) for r in scene["relations"]]
+    long = grammar.long_caption(count_template, background, mentions, prefixes, relations)
+    short = grammar.short_caption(mentions, background, relation(objects[0], objects[1]) if len(objects) > 1 else None)
     style = int(rng.integers(3))
     if style == 0:  # shuffled bag of words, as scraped alt-text often is
-        words = [w for o in objects for w in (o.color, o.shape)]
-        raw = " ".join(words[i] for i in rng.permutation(len(words)))
+        raw = grammar.raw_caption(0, mentions, order=list(rng.permutation(2 * len(objects))))
     elif style == 1:
-        raw = f"{objects[0].color} {objects[0].shape} " + _pick(rng, ["stock photo", "clipart", "vector illustration", "icon set"])
+        raw = grammar.raw_caption(1, mentions, suffix=_pick(rng, grammar.RAW_SUFFIXES))
     else:
-        raw = f"IMG_{int(rng.integers(10000)):04d}.jpg"
+        raw = grammar.raw_caption(2, mentions, number=int(rng.integers(10000)))
     return {"long": long, "short": short, "raw": raw}
 
 

@@ -14,61 +14,16 @@ Pure Python on scene metadata (the dicts :func:`components.data.shapesworld.scen
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import permutations
 from typing import Any
 
 import numpy as np
 
-from components.data.shapesworld import INVERSE_RELATION
+from components.data.shapesworld_grammar import INVERSE_RELATION, RELATION_SYNONYMS, RELATIONS, SIZE_SYNONYMS, Description, Mention  # noqa: F401
 
-RELATIONS = tuple(INVERSE_RELATION)
-# Words with the same meaning as the world's own (which the training captions never use): the REPLACE
-# hard positives swap them in, and the truth check reads them as the word they stand for.
-SIZE_SYNONYMS = {"big": "large", "little": "small"}
-RELATION_SYNONYMS = {"to the left of": "left of", "to the right of": "right of", "over": "above", "under": "below"}
 SIZE_TO_SYNONYM = {v: k for k, v in SIZE_SYNONYMS.items()}
 RELATION_TO_SYNONYM = {v: k for k, v in RELATION_SYNONYMS.items()}
-
-
-@dataclass(frozen=True)
-class Mention:
-    shape: str
-    color: str | None = None
-    size: str | None = None
-
-    def words(self) -> str:
-        return " ".join(w for w in (self.size, self.color, self.shape) if w)
-
-    def matches(self, obj: dict[str, Any]) -> bool:
-        return (obj["shape"] == self.shape and (self.color is None or obj["color"] == self.color)
-                and (self.size is None or obj["size"] == SIZE_SYNONYMS.get(self.size, self.size)))
-
-
-@dataclass(frozen=True)
-class Description:
-    """What a caption claims. ``relation`` relates mention 0 (subject) to mention 1 (object)."""
-
-    mentions: tuple[Mention, ...]
-    relation: str | None = None
-    background: str | None = None
-    form: str = "plain"  # plain: "A red circle left of ..."; there: "There is a red circle left of ..."
-
-    def text(self) -> str:
-        phrases = [f"a {m.words()}" for m in self.mentions]
-        if self.relation is not None:
-            head, rest = f"{phrases[0]} {self.relation} {phrases[1]}", phrases[2:]
-        else:
-            head, rest = phrases[0], phrases[1:]
-        body = head + "".join(f", and {p}" if self.relation is not None else f" and {p}" for p in rest)
-        if self.background is not None:
-            body += f" on a {self.background} background"
-        body = f"there is {body}" if self.form == "there" else body
-        return body[0].upper() + body[1:] + "."
-
-    def pairs(self) -> set[tuple[str, str]]:
-        """The (color, shape) pairs it names (mentions without a color name none)."""
-        return {(m.color, m.shape) for m in self.mentions if m.color is not None}
 
 
 def relation_of(a: dict[str, Any], b: dict[str, Any]) -> str:

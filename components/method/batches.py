@@ -17,9 +17,18 @@ import torch
 from PIL import Image
 
 from components.data.stream import BatchContext, sample_sentences, split_sentences
-from components.method.hard_examples import (caption_negatives, caption_positives, clic_negative, clic_positives,
-                                             parse_shapes_caption, real_negatives, real_positive,
-                                             shapesworld_pair_negative_is_false, shapesworld_tokens, spacy_tokens)
+from components.method.hard_examples import (
+    caption_negatives,
+    caption_positives,
+    clic_negative,
+    clic_positives,
+    parse_shapes_caption,
+    real_negatives,
+    real_positive,
+    shapesworld_pair_negative_is_false,
+    shapesworld_tokens,
+    spacy_tokens,
+)
 
 Decoded = tuple[str, dict, str, Image.Image]  # key, scene metadata, caption, image
 

@@ -1,5 +1,6 @@
 """Hard negatives and hard positives of a training caption, for the hard-negative methods (NegCLIP,
-hard positives + negatives). Groundwork of the sibling-methods issue; the train stage does not use it yet.
+hard positives + negatives) and CLIC's pair negatives; the batch builders (:mod:`components.method.batches`)
+call them.
 
 - ShapesWorld: exact, from the sample's scene (:mod:`components.data.shapesworld_rules`): a true description
   of the scene, its meaning-changing negatives (each checked false) and its meaning-preserving
@@ -15,43 +16,19 @@ Pure functions of (caption or scene, rng); no I/O.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from components.data import shapesworld_rules as rules
+from components.data.shapesworld_grammar import NUMBER_WORDS, ShapesCaption, parse_shapes_caption  # noqa: F401
 
 # ----------------------------------------------------------------------------------------------------
 # ShapesWorld: exact
 # ----------------------------------------------------------------------------------------------------
 
 SWAP_AND_REPLACE = ("swap_att", "swap_obj", "replace_att", "replace_obj", "replace_rel")
-
-
-def shapesworld_negative_descriptions(meta: dict[str, Any], rng: np.random.Generator, world,
-                                     kinds=SWAP_AND_REPLACE) -> tuple[rules.Description, list[rules.Description]]:
-    """(a true description of the scene, its negatives: one per kind that applies, each false of the scene)."""
-    desc = rules.describe_scene(meta, rng)
-    negatives = []
-    for kind in kinds:
-        pair = rules.negative_for(kind, desc, meta, rng, world)
-        if pair is not None:
-            negatives.append(pair[1])
-    return desc, negatives
-
-
-def shapesworld_negatives(meta: dict[str, Any], rng: np.random.Generator, world, kinds=SWAP_AND_REPLACE) -> tuple[str, list[str]]:
-    """The same as texts."""
-    desc, negatives = shapesworld_negative_descriptions(meta, rng, world, kinds)
-    return desc.text(), [n.text() for n in negatives]
-
-
-def shapesworld_hard_positive(meta: dict[str, Any], rng: np.random.Generator) -> tuple[str, str]:
-    """(a true caption of the scene, a paraphrase with the same truth in every scene)."""
-    desc = rules.describe_scene(meta, rng)
-    options = [p for p in (rules.paraphrase(desc), rules.synonym_paraphrase(desc, "size"), rules.synonym_paraphrase(desc, "relation")) if p]
-    return desc.text(), options[int(rng.integers(len(options)))].text()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -149,119 +126,6 @@ def real_positive(doc, rng: np.random.Generator) -> str | None:
 # A hard negative must differ from the caption it is paired with by a small edit (a bag-of-words model
 # cannot tell them apart); a fresh description would be an easy negative. So the sample's own long or short
 # caption is read into its claims, one claim edited, and the result checked against the scene.
-
-_OBJECT_SENTENCE = re.compile(r"^(There is|The image shows|We can see) a (\S+) (\S+) (\S+)\.$")
-_RELATION_WORDS = "|".join(sorted({*rules.RELATIONS, *rules.RELATION_SYNONYMS}, key=len, reverse=True))
-_RELATION_SENTENCE = re.compile(rf"^The (\S+) (\S+) is ({_RELATION_WORDS}) the (\S+) (\S+)\.$")
-
-
-@dataclass(frozen=True)
-class Sentence:
-    """One sentence of a ShapesWorld caption: ``text`` (kept verbatim: the count/background sentence),
-    ``object`` (``prefix`` + "a size color shape"), ``relation`` (the first mention ``relation`` the second)
-    or ``description`` (a short caption: a :class:`rules.Description`)."""
-
-    kind: str
-    text: str = ""
-    mentions: tuple[rules.Mention, ...] = ()
-    relation: str | None = None
-    description: rules.Description | None = None
-
-    def render(self) -> str:
-        if self.kind == "object":
-            return f"{self.text} a {self.mentions[0].words()}."
-        if self.kind == "relation":
-            a, b = self.mentions
-            return f"The {a.color} {a.shape} is {self.relation} the {b.color} {b.shape}."
-        if self.kind == "description":
-            return self.description.text()
-        return self.text
-
-    def claim(self) -> rules.Description | None:
-        if self.kind == "object":
-            return rules.Description(self.mentions)
-        if self.kind == "relation":
-            return rules.Description(self.mentions, relation=self.relation)
-        return self.description
-
-
-@dataclass(frozen=True)
-class ShapesCaption:
-    """A ShapesWorld caption as sentences whose claims can be edited and checked against a scene."""
-
-    sentences: tuple[Sentence, ...]
-
-    def text(self) -> str:
-        return " ".join(s.render() for s in self.sentences)
-
-    def holds(self, meta: dict[str, Any]) -> bool:
-        """Every claim true of the scene (verbatim sentences are the original caption's, true by construction)."""
-        claims = [s.claim() for s in self.sentences]
-        return all(rules.holds(c, meta["objects"], meta.get("background")) for c in claims if c is not None)
-
-    def pairs(self) -> list[tuple[str, str]]:
-        """The (color, shape) pairs named, in order of first mention."""
-        seen: list[tuple[str, str]] = []
-        for s in self.sentences:
-            mentions = s.description.mentions if s.kind == "description" else s.mentions
-            for m in mentions:
-                if m.color is not None and (m.color, m.shape) not in seen:
-                    seen.append((m.color, m.shape))
-        return seen
-
-    def recolor(self, mapping: dict[tuple[str, str], tuple[str, str]]) -> "ShapesCaption":
-        """Every mention of a (color, shape) in ``mapping`` replaced by the mapped (color, shape)."""
-        def edit(m: rules.Mention) -> rules.Mention:
-            if m.color is None or (m.color, m.shape) not in mapping:
-                return m
-            color, shape = mapping[(m.color, m.shape)]
-            return replace(m, color=color, shape=shape)
-
-        out = []
-        for s in self.sentences:
-            if s.kind == "description":
-                out.append(replace(s, description=replace(s.description, mentions=tuple(edit(m) for m in s.description.mentions))))
-            else:
-                out.append(replace(s, mentions=tuple(edit(m) for m in s.mentions)))
-        return ShapesCaption(tuple(out))
-
-
-def parse_shapes_caption(text: str) -> ShapesCaption | None:
-    """The long caption's sentences (object and relation sentences structured, the rest verbatim), or a short
-    caption as one description; None for text of another form (the raw alt-text)."""
-    short = _parse_description(text)
-    if short is not None:
-        return ShapesCaption((Sentence("description", description=short),))
-    sentences = []
-    for sentence in re.split(r"(?<=\.)\s+", text.strip()):
-        if m := _OBJECT_SENTENCE.match(sentence):
-            sentences.append(Sentence("object", text=m[1], mentions=(rules.Mention(shape=m[4], color=m[3], size=m[2]),)))
-        elif m := _RELATION_SENTENCE.match(sentence):
-            mentions = (rules.Mention(shape=m[2], color=m[1]), rules.Mention(shape=m[5], color=m[4]))
-            sentences.append(Sentence("relation", mentions=mentions, relation=m[3]))
-        else:
-            sentences.append(Sentence("text", text=sentence))
-    if not any(s.kind != "text" for s in sentences):
-        return None
-    return ShapesCaption(tuple(sentences))
-
-
-_MENTION = r"a ([^\s,.]+) ([^\s,.]+) ([^\s,.]+)"
-_SHORT = re.compile(rf"^(?:There is )?{_MENTION}(?: ({_RELATION_WORDS}) {_MENTION})?((?:,? and {_MENTION})*)(?: on a ([^\s,.]+) background)?\.$", re.I)
-
-
-def _parse_description(text: str) -> rules.Description | None:
-    """A short caption ("A large red circle above a small blue square, and a large green cross.")."""
-    m = _SHORT.match(text.strip())
-    if m is None:
-        return None
-    mentions = [rules.Mention(shape=m[3], color=m[2], size=m[1].lower())]
-    if m[4]:
-        mentions.append(rules.Mention(shape=m[7], color=m[6], size=m[5]))
-    mentions += [rules.Mention(shape=s, color=c, size=z) for z, c, s in re.findall(_MENTION, m[8] or "")]
-    form = "there" if text.lower().startswith("there is") else "plain"
-    return rules.Description(tuple(mentions), relation=m[4], background=m[12], form=form)
-
 
 def caption_negatives(caption: ShapesCaption, meta: dict[str, Any], rng: np.random.Generator,
                       vocabulary: list[tuple[str, str]], kinds=SWAP_AND_REPLACE) -> dict[str, ShapesCaption]:
@@ -363,8 +227,6 @@ def shapesworld_tokens(sentence: str, meta: dict[str, Any]) -> list[Token]:
     """Words of a ShapesWorld sentence tagged by the world's own word classes (exact, no parser): the object
     count (NUM), the background (BACKGROUND), object colors (COLOR), sizes (SIZE) and shapes (SHAPE) of the
     scene. Words of no class ("picture", "plain") are left out: a swap of them need not change the meaning."""
-    from components.data.shapesworld import NUMBER_WORDS
-
     classes = {NUMBER_WORDS[len(meta["objects"])]: "NUM", meta.get("background"): "BACKGROUND"}
     for obj in meta["objects"]:
         classes.update({obj["color"]: "COLOR", obj["size"]: "SIZE", obj["shape"]: "SHAPE"})
@@ -398,8 +260,6 @@ def clic_negative(first: str, second: str, first_tokens: list[Token], second_tok
 def shapesworld_sentence_true(sentence: str, meta: dict[str, Any], backgrounds: set[str]) -> bool:
     """Whether one ShapesWorld caption sentence is true of a scene: its object / relation claims (exact), and
     the object count and background it names (``backgrounds``: the background words to recognise)."""
-    from components.data.shapesworld import NUMBER_WORDS
-
     parsed = parse_shapes_caption(sentence)
     if parsed is not None and not parsed.holds(meta):
         return False

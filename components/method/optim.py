@@ -10,6 +10,7 @@ import torch
 
 from components.method.models import create_model
 from components.shared.checkpoints import EXPORT_WEIGHTS
+from components.shared.params import TrainParams
 
 
 def build_model(params: TrainParams):

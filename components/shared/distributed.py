@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
-from components.shared.params import ParamsError
+from components.shared.params import ParamsError, TrainParams
 
 
 def world_size_for(params: TrainParams) -> int:

@@ -8,9 +8,8 @@ experiment's artifact root) point everything at a team's server instead.
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from components.shared.params import ROOT
 
+from components.shared.params import ROOT
 
 
 def default_tracking_uri() -> str:
