@@ -79,8 +79,8 @@ def step_times(steps: int) -> dict[str, float]:
     from components.data import shapesworld
     from components.method.batches import concept_batch
     from components.method.losses import C2LIPLoss, ContrastiveLoss
-    from components.method.module import TrainingModule
     from components.method.models import TINY_SIGLIP, create_model
+    from components.method.module import TrainingModule
     from components.shared.params import ShapesWorldParams
 
     world = ShapesWorldParams()
@@ -88,8 +88,9 @@ def step_times(steps: int) -> dict[str, float]:
     samples = [shapesworld.make_sample(world, 0, "train", i, held) for i in range(64)]
     # phrases as the concepts stage extracts them from long captions: full phrases and references
     phrases = [m["object_phrases"] + [f"the {o['color']} {o['shape']}" for o in m["objects"][:-1]] for _, _, m in samples]
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     results = {}
     for method, loss in (("siglip", ContrastiveLoss()), ("c2lip", C2LIPLoss())):

@@ -21,14 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import open_clip  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+import components.method.models  # noqa: E402,F401  (registers the tiny configs)
 from components.method.losses import C2LIPLoss, ContrastiveLoss  # noqa: E402
 from components.method.module import TrainingModule  # noqa: E402
-import open_clip  # noqa: E402
-
-import components.method.models  # noqa: E402,F401  (registers the tiny configs)
 
 ROOT = Path(__file__).resolve().parent.parent
 

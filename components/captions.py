@@ -33,10 +33,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from components.data import shapesworld, sources
 from components.data.sources import RawSample, ShardPlan, Skip, SourceError, make_source
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
 from components.shared.params import CaptionsParams, ParamsError, load_params
+from components.shared.stage_code import stage_code
 
 SKIP_EXAMPLES = 3  # per reason, kept in the stats so a user can look at what was skipped
 
@@ -49,8 +49,7 @@ SKIP_EXAMPLES = 3  # per reason, kept in the stats so a user can look at what wa
 def prepare_output(params: CaptionsParams) -> None:
     """Keep finished shards made by the same params and code; start afresh otherwise."""
     shaping = params.model_dump(mode="json", exclude={"workers", "stats_path", "contact_sheet"})
-    code = [Path(m.__file__) for m in (sys.modules[__name__], sources, shapesworld)]
-    resume_or_restart(params.output_dir, fingerprint(shaping, code), ["train", "test", "parts", "manifest.parquet"])
+    resume_or_restart(params.output_dir, fingerprint(shaping, stage_code("components.captions")), ["train", "test", "parts", "manifest.parquet"])
 
 
 def part_paths(out: Path, plan: ShardPlan) -> tuple[Path, Path, Path]:
@@ -135,11 +134,7 @@ def _build_in_worker(plan: ShardPlan) -> tuple[ShardPlan, dict[str, Any]]:
 def run(params: CaptionsParams) -> dict[str, Any]:
     """Build every missing shard, then the manifest, the stats and the contact sheet. Returns the stats."""
     started = time.perf_counter()
-    source = make_source(params)
-    prepare_output(params)
-    out = params.output_dir
-    plans = source.plan()
-    todo = [p for p in plans if not part_paths(out, p)[2].is_file()]
+    source, plans, todo = plan(params)
     kept = len(plans) - len(todo)
     if kept:
         print(f"captions: {kept} of {len(plans)} shards already finished, building {len(todo)}", file=sys.stderr)
@@ -153,17 +148,32 @@ def run(params: CaptionsParams) -> dict[str, Any]:
                 bar.update()
                 bar.set_postfix(written=stats["written"])
     elif source.parallel:
-        for plan in todo:
-            write_shard(params, plan, source.samples(plan))
+        for shard_plan in todo:
+            write_shard(params, shard_plan, source.samples(shard_plan))
             bar.update()
     else:
-        for plan, rows in source.shard_rows(todo):
-            write_shard(params, plan, source.fetch_all(rows))
+        for shard_plan, rows in source.shard_rows(todo):
+            write_shard(params, shard_plan, source.fetch_all(rows))
             bar.update()
     bar.close()
 
-    stats = finish(params, plans, source.summary())
-    stats["run_seconds"] = round(time.perf_counter() - started, 3)
+    return complete(params, plans, source.summary(), time.perf_counter() - started)
+
+
+def plan(params: CaptionsParams) -> tuple[Any, list[ShardPlan], list[ShardPlan]]:
+    """(the source, every shard's plan, the plans not finished yet), after keeping finished shards made by
+    the same params and code (else starting afresh). Used by :func:`run` and the sharded flow."""
+    source = make_source(params)
+    prepare_output(params)
+    plans = source.plan()
+    return source, plans, [p for p in plans if not part_paths(params.output_dir, p)[2].is_file()]
+
+
+def complete(params: CaptionsParams, plans: list[ShardPlan], source_summary: dict[str, Any], seconds: float | None = None) -> dict[str, Any]:
+    """The manifest and stats of finished shards (:func:`finish`), written with the contact sheet; returns the stats."""
+    stats = finish(params, plans, source_summary)
+    if seconds is not None:
+        stats["run_seconds"] = round(seconds, 3)
     atomic_write_json(params.stats_path, stats)
     if params.contact_sheet is not None and stats["samples_written"] > 0:
         contact_sheet(params, params.contact_sheet)

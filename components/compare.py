@@ -16,7 +16,6 @@ separately, every benchmark's headline), ``compare.png``, ``compare.json``, and 
 from __future__ import annotations
 
 import argparse
-import copy
 import io
 import json
 import os
@@ -27,14 +26,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow.parquet as pq
 import yaml
 from tqdm import tqdm
 
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
-from components.shared.params import ROOT, CompareParams, EvaluateParams, ParamsError, TrainParams, load_params, validate_params
+from components.shared.params import ROOT, SHAPESWORLD_SUITE, CompareParams, EvaluateParams, ParamsError, TrainParams, deep_merge, load_params, read_yaml, validate_params
 from components.shared.stage_code import stage_code
 from components.suite.formats import BenchmarkError
 
@@ -53,23 +52,9 @@ class Run:
         return f"{self.arm}-s{self.seed}"
 
 
-def deep_merge(base: dict, change: dict) -> dict:
-    """``base`` with ``change`` merged in, mappings recursively (a list or value replaces)."""
-    out = copy.deepcopy(base)
-    for key, value in change.items():
-        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else copy.deepcopy(value)
-    return out
-
-
 def params_with(overrides: dict | None, path: Path = Path("params/compare.yaml")) -> CompareParams:
     """``path``'s params with a partial mapping merged over them (the flow's overrides), validated whole."""
-    return validate_params("compare", deep_merge(_read_yaml(ROOT / path), overrides or {}), f"{path} + overrides")
-
-
-def _read_yaml(path: Path) -> dict:
-    if not Path(path).is_file():
-        raise ParamsError(f"{path}: params file not found")
-    return yaml.safe_load(Path(path).read_text()) or {}
+    return validate_params("compare", deep_merge(read_yaml(ROOT / path), overrides or {}), f"{path} + overrides")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -85,7 +70,7 @@ def world_dir(params: CompareParams) -> Path:
 def world_data(params: CompareParams) -> dict[str, Any]:
     """Train-param and evaluate-param changes that point every run at the comparison's world."""
     if params.world is None:
-        return {"train": {}, "benchmarks_root": None, "manifest": Path(_read_yaml(params.concepts_params).get("manifest", "data/captions/manifest.parquet"))}
+        return {"train": {}, "benchmarks_root": None, "manifest": Path(read_yaml(params.concepts_params).get("manifest", "data/captions/manifest.parquet"))}
     root = world_dir(params)
     train = {"data": {"shards": [str(root / "captions" / "train" / "*.tar")], "concepts_dir": str(root / "concepts" / "train")},
              "test_shards": [str(root / "captions" / "test" / "*.tar")]}
@@ -102,7 +87,7 @@ def prepare_world(params: CompareParams) -> None:
     from components import benchmarks, captions, concepts
 
     w, root = params.world, world_dir(params)
-    cap = _read_yaml(params.captions_params)
+    cap = read_yaml(params.captions_params)
     world = dict(cap.get("shapesworld") or {})
     if w.colors:
         colors = dict(world.get("colors") or load_params("captions", params.captions_params).shapesworld.model_dump()["colors"])
@@ -119,7 +104,7 @@ def prepare_world(params: CompareParams) -> None:
     captions_params = validate_params("captions", cap, root / "captions.yaml")
     if not (root / "captions" / "manifest.parquet").is_file():
         captions.run(captions_params)
-    con = {**_read_yaml(params.concepts_params), "manifest": str(root / "captions" / "manifest.parquet"), "output_dir": str(root / "concepts"),
+    con = {**read_yaml(params.concepts_params), "manifest": str(root / "captions" / "manifest.parquet"), "output_dir": str(root / "concepts"),
            "splits": ["train"]}
     if w.caption_field:
         con["caption_field"] = w.caption_field
@@ -155,13 +140,18 @@ def world_figures(manifest: Path) -> dict[str, float]:
 def evaluate_params(params: CompareParams) -> EvaluateParams:
     """The suite every run is judged by: the evaluate params' benchmarks (the variant's files for a world
     variant), one torch thread (runs are evaluated side by side)."""
-    evaluate = _read_yaml(params.evaluate_params)
-    data = world_data(params)
-    if data["benchmarks_root"] is not None:  # the variant's suite: same benchmarks, the variant's files
-        text = yaml.safe_dump(evaluate.get("benchmarks", {}))
-        evaluate["benchmarks"] = yaml.safe_load(text.replace("data/benchmarks/shapesworld", str(data["benchmarks_root"])))
+    evaluate = read_yaml(params.evaluate_params)
     evaluate.update(models=[{"name": "compare", "uri": "unused"}], torch_threads=1, workers=0)
-    return validate_params("evaluate", evaluate, params.evaluate_params)
+    ev = validate_params("evaluate", evaluate, params.evaluate_params)
+    root = world_data(params)["benchmarks_root"]
+    if root is not None:  # the variant's suite: same benchmarks, the variant's files
+        for name in type(ev.benchmarks).model_fields:
+            source = getattr(ev.benchmarks, name)
+            for key in ("data_root", "image_root"):
+                path = getattr(source, key)
+                if path is not None and Path(path).is_relative_to(SHAPESWORLD_SUITE):
+                    setattr(source, key, Path(root) / Path(path).relative_to(SHAPESWORLD_SUITE))
+    return ev
 
 
 def _items(path: Path) -> int:
@@ -200,7 +190,7 @@ def applicable_suite(ev: EvaluateParams) -> list[str]:
 
 def plan(params: CompareParams) -> list[Run]:
     """Every (arm, seed) run with its validated train params; an invalid arm is named."""
-    base = _read_yaml(params.train_params)
+    base = read_yaml(params.train_params)
     data = world_data(params)
     runs = []
     for arm in params.arms:
@@ -474,11 +464,12 @@ def finish(params: CompareParams, runs: list[Run], suite: Suite, results: dict[s
     return summary
 
 
-def run(params: CompareParams, log_mlflow: bool = True) -> dict[str, Any]:
-    import torch
+Execute = Callable[[list[Run], Suite, int], dict[str, dict[str, float]]]
 
-    torch.set_num_threads(1)  # evaluations run side by side in threads, like the training subprocesses
-    runs, suite = prepare(params)
+
+def execute_in_threads(runs: list[Run], suite: Suite, parallel: int) -> dict[str, dict[str, float]]:
+    """Every run's :func:`train_and_evaluate`, ``parallel`` at a time in a thread pool (each run is a
+    one-thread training subprocess, then an evaluation in this process); run label -> metrics."""
     results: dict[str, dict[str, float]] = {}
     bar = tqdm(total=len(runs), desc="compare", unit="run", dynamic_ncols=True)
 
@@ -486,10 +477,21 @@ def run(params: CompareParams, log_mlflow: bool = True) -> dict[str, Any]:
         results[r.label] = train_and_evaluate(r, suite, log=bar.write)
         bar.update(1)
 
-    with ThreadPoolExecutor(max_workers=params.parallel) as pool:
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
         for future in [pool.submit(one, r) for r in runs]:
             future.result()
     bar.close()
+    return results
+
+
+def run(params: CompareParams, log_mlflow: bool = True, execute: Execute = execute_in_threads) -> dict[str, Any]:
+    """The comparison: :func:`prepare`, ``execute`` every run (a thread pool here; the Prefect flow passes
+    one that makes each run a task), :func:`finish`. Returns the summary."""
+    import torch
+
+    torch.set_num_threads(1)  # evaluations run side by side in threads, like the training subprocesses
+    runs, suite = prepare(params)
+    results = execute(runs, suite, params.parallel)
     return finish(params, runs, suite, results, log_mlflow)
 
 

@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from tqdm import tqdm
 
 from components.shared.atomic import atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
 from components.shared.params import ConceptsParams, ParamsError, PhraseRules, load_params
+from components.shared.stage_code import stage_code
 
 DETERMINERS = ("a ", "an ", "the ", "this ", "that ", "these ", "those ")
 
@@ -180,7 +182,8 @@ def output_path(params: ConceptsParams, shard: str) -> Path:
     return params.output_dir / Path(shard).with_suffix(".parquet")
 
 
-def _write_shard(params: ConceptsParams, shard: str, keys: list[str], results: list[dict[str, Any]], seconds: float) -> None:
+def write_shard(params: ConceptsParams, shard: str, keys: list[str], results: list[dict[str, Any]], seconds: float) -> None:
+    """One shard's phrases as Parquet (key, phrases), with its counts in the file's metadata."""
     counts = {
         "empty": sum(r["empty"] for r in results),
         "truncated": sum(r["truncated"] for r in results),
@@ -198,47 +201,83 @@ def prepare_output(params: ConceptsParams) -> None:
     """Keep finished shards made by the same params, code and captions; start afresh otherwise."""
     shaping = params.model_dump(mode="json", exclude={"n_process", "batch_size", "stats_path", "quality_fields", "quality_samples"})
     shaping["manifest_sha"] = fingerprint(None, [params.manifest])  # new captions make old phrases stale
-    resume_or_restart(params.output_dir, fingerprint(shaping, [Path(__file__)]), params.splits)
+    resume_or_restart(params.output_dir, fingerprint(shaping, stage_code("components.concepts")), params.splits)
 
 
-def run(params: ConceptsParams) -> dict[str, Any]:
-    """Parse every unfinished shard, then write the stats. Returns the stats."""
+@dataclass
+class ConceptsPlan:
+    """The manifest's rows grouped by shard, and the shards still to parse."""
+
+    manifest: pa.Table
+    rows: dict[str, list]
+    shards: dict[str, list[int]]  # shard -> row indices
+    todo: list[str]
+
+    def keys(self, shard: str) -> list[str]:
+        return [self.rows["key"][i] for i in self.shards[shard]]
+
+    def texts(self, shard: str, field: str) -> list[str | None]:
+        return [self.rows[field][i] for i in self.shards[shard]]
+
+
+def plan(params: ConceptsParams) -> ConceptsPlan:
+    """Read the manifest, keep finished shards made by the same params and code (else start afresh), and
+    list the shards to parse. Used by :func:`run` and by the sharded flow (flows/sharded.py)."""
     manifest = read_manifest(params)
     prepare_output(params)
-
     rows = manifest.select(["key", "shard", params.caption_field]).to_pydict()
     shards: dict[str, list[int]] = {}
     for i, shard in enumerate(rows["shard"]):
         shards.setdefault(shard, []).append(i)
     todo = [s for s in shards if not output_path(params, s).is_file()]
+    return ConceptsPlan(manifest, rows, shards, todo)
+
+
+def extract_shard(nlp, params: ConceptsParams, shard: str, keys: list[str], texts: list[str | None]) -> int:
+    """Parse one shard's captions in this process and write its output; returns the captions parsed."""
+    started = time.perf_counter()
+    results = list(extract(nlp, texts, params, n_process=1))
+    write_shard(params, shard, keys, results, time.perf_counter() - started)
+    return len(keys)
+
+
+def complete(params: ConceptsParams, work: ConceptsPlan, nlp, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stats over every shard (:func:`summarise`) and ``extra``, written to ``stats_path``; returns them."""
+    stats = summarise(params, list(work.shards), nlp if params.quality_samples else None, work.manifest)
+    stats.update(extra or {})
+    atomic_write_json(params.stats_path, stats)
+    return stats
+
+
+def run(params: ConceptsParams) -> dict[str, Any]:
+    """Parse every unfinished shard (spaCy's worker processes over the whole stream), then write the stats.
+    Returns the stats."""
+    work = plan(params)
+    shards, todo = work.shards, work.todo
     if len(todo) < len(shards):
         print(f"concepts: {len(shards) - len(todo)} of {len(shards)} shards already finished", file=sys.stderr)
 
     n_process = params.n_process or os.cpu_count() or 1
     nlp = load_nlp(params)
-    captions = (rows[params.caption_field][i] for s in todo for i in shards[s])
+    captions = (text for s in todo for text in work.texts(s, params.caption_field))
     total = sum(len(shards[s]) for s in todo)
     started = time.perf_counter()
     bar = tqdm(total=total, desc="concepts", unit="caption", file=sys.stderr, smoothing=0.1)
     results = extract(nlp, captions, params, n_process=n_process if total > params.batch_size else 1)
     shard_start = started
     for shard in todo:
-        indices = shards[shard]
-        shard_results = [next(results) for _ in indices]
+        shard_results = [next(results) for _ in shards[shard]]
         now = time.perf_counter()
-        _write_shard(params, shard, [rows["key"][i] for i in indices], shard_results, now - shard_start)
+        write_shard(params, shard, work.keys(shard), shard_results, now - shard_start)
         shard_start = now
-        bar.update(len(indices))
+        bar.update(len(shards[shard]))
     if next(results, None) is not None:  # runs the stream to its end, which also stops spaCy's workers
         raise RuntimeError("spaCy returned more results than captions were sent")
     bar.close()
     run_seconds = time.perf_counter() - started
 
-    stats = summarise(params, list(shards), nlp if params.quality_samples else None, manifest)
-    stats["run_captions"] = total
-    stats["run_captions_per_second"] = round(total / run_seconds, 1) if total and run_seconds > 0 else None
-    atomic_write_json(params.stats_path, stats)
-    return stats
+    return complete(params, work, nlp, {"run_captions": total,
+                                        "run_captions_per_second": round(total / run_seconds, 1) if total and run_seconds > 0 else None})
 
 
 def summarise(params: ConceptsParams, shards: list[str], nlp, manifest: pa.Table) -> dict[str, Any]:

@@ -23,7 +23,6 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from components import captions, concepts
-from components.shared.atomic import atomic_write_json
 from components.shared.params import CaptionsParams, ConceptsParams, load_params
 
 _NLP: dict[str, Any] = {}  # one spaCy pipeline per worker process, loaded by its first shard
@@ -41,55 +40,31 @@ def caption_shard(params_json: str, plan: dict, plan_index: int) -> dict[str, An
 
 @task(cache_policy=NO_CACHE, retries=2, task_run_name="concepts {shard}")
 def concept_shard(params_json: str, shard: str, keys: list[str], texts: list[str | None]) -> int:
-    import time
-
     params = ConceptsParams.model_validate_json(params_json)
     if params.spacy_model not in _NLP:
         _NLP[params.spacy_model] = concepts.load_nlp(params)
-    started = time.perf_counter()
-    results = list(concepts.extract(_NLP[params.spacy_model], texts, params, n_process=1))
-    concepts._write_shard(params, shard, keys, results, time.perf_counter() - started)
-    return len(keys)
+    return concepts.extract_shard(_NLP[params.spacy_model], params, shard, keys, texts)
 
 
 def sharded_captions(params: CaptionsParams) -> dict[str, Any]:
     """The captions stage with its shards as mapped tasks (parallel sources)."""
-    from components.data.sources import make_source
-
-    source = make_source(params)
+    source, plans, todo = captions.plan(params)
     if not source.parallel:
         return captions.run(params)  # bulk downloads: the stage's own concurrent path
-    captions.prepare_output(params)
-    plans = source.plan()
-    todo = [p for p in plans if not captions.part_paths(params.output_dir, p)[2].is_file()]
-    payload = params.model_dump_json()
-    futures = caption_shard.map(payload, [vars(p) for p in todo], list(range(len(todo))))
+    futures = caption_shard.map(params.model_dump_json(), [vars(p) for p in todo], list(range(len(todo))))
     futures.wait()
     futures.result()  # raises the first failure
-    stats = captions.finish(params, plans, source.summary())
-    atomic_write_json(params.stats_path, stats)
-    if params.contact_sheet is not None and stats["samples_written"] > 0:
-        captions.contact_sheet(params, params.contact_sheet)
-    return stats
+    return captions.complete(params, plans, source.summary())
 
 
 def sharded_concepts(params: ConceptsParams) -> dict[str, Any]:
     """The concepts stage with its shards as mapped tasks."""
-    manifest = concepts.read_manifest(params)
-    concepts.prepare_output(params)
-    rows = manifest.select(["key", "shard", params.caption_field]).to_pydict()
-    shards: dict[str, list[int]] = {}
-    for i, shard in enumerate(rows["shard"]):
-        shards.setdefault(shard, []).append(i)
-    todo = [s for s in shards if not concepts.output_path(params, s).is_file()]
-    payload = params.model_dump_json()
-    futures = concept_shard.map(payload, todo, [[rows["key"][i] for i in shards[s]] for s in todo],
-                                [[rows[params.caption_field][i] for i in shards[s]] for s in todo])
+    work = concepts.plan(params)
+    futures = concept_shard.map(params.model_dump_json(), work.todo, [work.keys(s) for s in work.todo],
+                                [work.texts(s, params.caption_field) for s in work.todo])
     futures.wait()
     futures.result()
-    stats = concepts.summarise(params, list(shards), concepts.load_nlp(params) if params.quality_samples else None, manifest)
-    atomic_write_json(params.stats_path, stats)
-    return stats
+    return concepts.complete(params, work, concepts.load_nlp(params) if params.quality_samples else None)
 
 
 @flow(name="c2lip-data-sharded", log_prints=True)

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from components.shared.atomic import atomic_write_bytes
-from components.shared.params import validate_params
+from components.shared.params import deep_merge, validate_params
 
 LOCK_NAME = ".c2lip-run.lock"
 
@@ -61,17 +61,6 @@ def workspace_lock(root: Path, owner: str, wait_s: float = 0.0, poll_s: float = 
         handle.close()
 
 
-def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``changes`` laid over it, nested mappings merged key by key."""
-    out = dict(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def resolve_overrides(root: Path, overrides: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each stage's params file with its overrides merged in, validated by the stage's pydantic model
     before any work (raises ParamsError naming the file, key and reason). Returns stage → merged mapping."""
@@ -81,7 +70,7 @@ def resolve_overrides(root: Path, overrides: dict[str, dict[str, Any]]) -> dict[
             continue
         path = Path(root) / "params" / f"{stage}.yaml"
         base = yaml.safe_load(path.read_text()) or {}
-        data = merge(base, changes)
+        data = deep_merge(base, changes)
         validate_params(stage, data, f"{path} + overrides")
         merged[stage] = data
     return merged

@@ -213,11 +213,11 @@ def test_gpu_work_pool_deployments_name_real_entrypoints_and_valid_parameters():
     merged = workspace.resolve_overrides(REPO, full["parameters"]["overrides"])  # the GPU preset validates whole
     assert merged["train"]["processes"] == 8
     from components import compare
-    from components.shared.params import validate_params
+    from components.shared.params import deep_merge, validate_params
 
     gpu = next(d for d in spec["deployments"] if d["name"] == "compare-gpu")["parameters"]["overrides"]
     base = yaml.safe_load((REPO / "params" / "compare.yaml").read_text())
-    runs = compare.plan(validate_params("compare", compare.deep_merge(base, gpu)))  # every arm's train params validate
+    runs = compare.plan(validate_params("compare", deep_merge(base, gpu)))  # every arm's train params validate
     assert {r.train.steps for r in runs} == {3000} and {r.arm for r in runs} >= {"siglip", "c2lip", "clic", "negclip", "hp_hn"}
     with pytest.raises(Exception, match="seeds"):
         c2lip_flows.compare_methods.validate_parameters({"overrides": {"seeds": "three"}})

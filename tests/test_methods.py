@@ -5,6 +5,7 @@ stage builds for each, and — slow — every method trained side by side by the
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -294,6 +295,12 @@ def test_method_params_and_compare_params_reject_what_cannot_run(tmp_path):
         params = load_params("compare", REPO / "params" / "presets" / f"compare-{variant}.yaml")
         runs = compare.plan(params)
         assert len(runs) == 9 and {r.train.data.shards[0] for r in runs} == {str(compare.world_dir(params) / "captions" / "train" / "*.tar")}
+        suite = compare.evaluate_params(params).benchmarks  # every benchmark reads the variant's own files
+        variant_root = compare.world_dir(params) / "benchmarks"
+        for name in type(suite).model_fields:
+            source = getattr(suite, name)
+            assert Path(source.data_root).parent == variant_root, (name, source.data_root)
+            assert source.image_root is None or Path(source.image_root) == variant_root / "images"
 
 
 def test_a_world_variant_drops_the_benchmarks_it_has_no_items_for(tmp_path):

@@ -8,6 +8,7 @@ parameters are typed with them, and :func:`flatten_params` turns them into MLflo
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -554,7 +555,9 @@ class RetrievalParams(BenchmarkSource):
     split: str = Field("test", description="Karpathy split used.")
 
 
-_SW = "data/benchmarks/shapesworld"
+# where the benchmarks stage writes ShapesWorld's suite (the evaluate defaults read it; compare rebases it)
+SHAPESWORLD_SUITE = Path("data/benchmarks/shapesworld")
+_SW = str(SHAPESWORLD_SUITE)
 
 
 class SuiteParams(Strict):
@@ -719,6 +722,21 @@ def _format_error(path: Path, err: ValidationError) -> str:
             got = got[:117] + "...)"
         lines.append(f"  {loc}: {msg}{got}")
     return "\n".join(lines)
+
+
+def read_yaml(path: Path | str) -> dict:
+    """A params YAML as a mapping (an empty file is an empty mapping); a missing file is a ParamsError."""
+    if not Path(path).is_file():
+        raise ParamsError(f"{path}: params file not found")
+    return yaml.safe_load(Path(path).read_text()) or {}
+
+
+def deep_merge(base: dict, change: dict) -> dict:
+    """``base`` with ``change`` merged in, mappings recursively (a list or value replaces); neither is modified."""
+    out = copy.deepcopy(base)
+    for key, value in change.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else copy.deepcopy(value)
+    return out
 
 
 def validate_params(stage: str, data: Any, source: Path | str = "<params>") -> Strict:
