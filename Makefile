@@ -32,7 +32,7 @@ run: $(STAMP)
 compare: $(STAMP)
 	python -m flows.c2lip compare
 
-# A local Prefect server on 127.0.0.1:4200 serving the deployments c2lip/full, c2lip/evaluate, c2lip/promote.
+# A local Prefect server on 127.0.0.1:4200 serving the deployments c2lip/full, c2lip/evaluate, c2lip/promote, c2lip/compare.
 serve: $(STAMP)
 	infra/serve.sh
 

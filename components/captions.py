@@ -36,6 +36,7 @@ from tqdm import tqdm
 from components.data.sources import RawSample, ShardPlan, Skip, SourceError, make_source
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
 from components.shared.params import CaptionsParams, ParamsError, load_params
+from components.shared.reports import figure_png, pyplot
 from components.shared.stage_code import stage_code
 
 SKIP_EXAMPLES = 3  # per reason, kept in the stats so a user can look at what was skipped
@@ -216,10 +217,7 @@ def finish(params: CaptionsParams, plans: list[ShardPlan], extra: dict[str, Any]
 
 def contact_sheet(params: CaptionsParams, path: Path, count: int = 12, columns: int = 4) -> None:
     """A grid of the first training samples, each with its short and long caption (read from the tars)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import webdataset as wds
     from PIL import Image
 
@@ -246,10 +244,7 @@ def contact_sheet(params: CaptionsParams, path: Path, count: int = 12, columns: 
         ax.text(0.0, -0.03, text, transform=ax.transAxes, fontsize=7.5, va="top", family="monospace")
     fig.suptitle(f"{params.source}: training samples with their caption fields", fontsize=13)
     fig.subplots_adjust(left=0.02, right=0.98, top=0.95, bottom=0.1, wspace=0.15, hspace=0.9)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=72)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, figure_png(fig, dpi=72))
 
 
 def main(argv: list[str] | None = None) -> int:

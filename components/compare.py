@@ -16,7 +16,6 @@ separately, every benchmark's headline), ``compare.png``, ``compare.json``, and 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
@@ -34,6 +33,7 @@ from tqdm import tqdm
 
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
 from components.shared.params import ROOT, SHAPESWORLD_SUITE, CompareParams, EvaluateParams, ParamsError, TrainParams, deep_merge, load_params, read_yaml, validate_params
+from components.shared.reports import figure_png, pyplot
 from components.shared.stage_code import stage_code
 from components.suite.formats import BenchmarkError
 
@@ -354,10 +354,7 @@ def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, fl
 def chart(summary: dict[str, Any]) -> bytes:
     """Two panels: each group's score per arm (bar: mean, dots: seeds, whisker: sd), and the paired
     differences against the reference."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     arms, m, paired = summary["arms"], summary["metrics"], summary["paired"]
     groups = [*GROUPS, *(f"{g}_held_out" for g in GROUPS)]
@@ -387,10 +384,7 @@ def chart(summary: dict[str, Any]) -> bytes:
             ax.set_title("score per arm (bars: mean over seeds, dots: seeds)")
     axes[0].legend(fontsize=7, ncol=2, loc="upper left")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def write_report(params: CompareParams, runs: list[Run], results: dict[str, dict[str, float]], world: dict[str, float],

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import sys
 import time
@@ -32,11 +31,12 @@ from PIL import Image
 from tqdm import tqdm
 
 from components.shared.atomic import atomic_write_bytes, atomic_write_json
+from components.shared.checkpoints import EXPORT_CONFIG  # what our exports (and MLflow-registered models) hold
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
+from components.shared.reports import figure_png, pyplot
 from components.shared.stage_code import stage_code
-from components.suite import formats as bd
+from components.suite import formats
 
-EXPORT_CONFIG = "open_clip_config.json"  # what our exports (and MLflow-registered models) hold
 MISSING_SHOWN = 5
 
 
@@ -49,40 +49,40 @@ class EvaluateError(ValueError):
 # --------------------------------------------------------------------------------------------------
 
 
-def load_suite(params: EvaluateParams, nlp_loader=None) -> list[bd.Task]:
+def load_suite(params: EvaluateParams, nlp_loader=None) -> list[formats.Task]:
     """Every enabled benchmark of ``params.benchmarks`` as tasks, in report order."""
     b = params.benchmarks
-    tasks: list[bd.Task] = []
+    tasks: list[formats.Task] = []
     if b.sugarcrepe.enabled:
         for subset in b.sugarcrepe.subsets:
-            tasks.append(bd.sugarcrepe(b.sugarcrepe.data_root / f"{subset}.json", b.sugarcrepe.images, f"sugarcrepe/{subset}"))
+            tasks.append(formats.sugarcrepe(b.sugarcrepe.data_root / f"{subset}.json", b.sugarcrepe.images, f"sugarcrepe/{subset}"))
     if b.sugarcrepe_pp.enabled:
         for subset in b.sugarcrepe_pp.subsets:
-            tasks.append(bd.sugarcrepe_pp(b.sugarcrepe_pp.data_root / f"{subset}.json", b.sugarcrepe_pp.images, f"sugarcrepe_pp/{subset}"))
+            tasks.append(formats.sugarcrepe_pp(b.sugarcrepe_pp.data_root / f"{subset}.json", b.sugarcrepe_pp.images, f"sugarcrepe_pp/{subset}"))
     hp = b.hard_positives
     if hp.enabled:
         for subset in hp.subsets:
-            tasks.append(bd.hard_positives(hp.data_root / hp.original_file.format(subset=subset),
+            tasks.append(formats.hard_positives(hp.data_root / hp.original_file.format(subset=subset),
                                            hp.data_root / hp.swapped_file.format(subset=subset), hp.images, f"hard_positives/{subset}"))
     aro = b.aro
     if aro.enabled:
         if aro.relation_file:
-            tasks.append(bd.aro_vg(aro.data_root / aro.relation_file, aro.images, "aro/vg_relation", "relation"))
+            tasks.append(formats.aro_vg(aro.data_root / aro.relation_file, aro.images, "aro/vg_relation", "relation"))
         if aro.attribution_file:
-            tasks.append(bd.aro_vg(aro.data_root / aro.attribution_file, aro.images, "aro/vg_attribution", "attribution"))
+            tasks.append(formats.aro_vg(aro.data_root / aro.attribution_file, aro.images, "aro/vg_attribution", "attribution"))
         if aro.order_files:
             nlp = (nlp_loader or load_tagger)(params.spacy_model)
             for name, file in aro.order_files.items():
-                tasks.append(bd.aro_order(aro.data_root / file, aro.images, f"aro/{name}", aro.order_split,
+                tasks.append(formats.aro_order(aro.data_root / file, aro.images, f"aro/{name}", aro.order_split,
                                           aro.order_captions_per_image, nlp, params.order_seed))
     if b.winoground.enabled:
-        tasks.append(bd.winoground(b.winoground.data_root / b.winoground.file, b.winoground.images, "winoground"))
+        tasks.append(formats.winoground(b.winoground.data_root / b.winoground.file, b.winoground.images, "winoground"))
     zs = b.zero_shot
     if zs.enabled:
-        tasks.append(bd.zero_shot(zs.data_root, "zero_shot", zs.templates, zs.classnames_file, zs.held_out_file))
+        tasks.append(formats.zero_shot(zs.data_root, "zero_shot", zs.templates, zs.classnames_file, zs.held_out_file))
     if b.retrieval.enabled:
         for name, file in b.retrieval.files.items():
-            tasks.append(bd.retrieval(b.retrieval.data_root / file, b.retrieval.images, f"retrieval/{name}", b.retrieval.split))
+            tasks.append(formats.retrieval(b.retrieval.data_root / file, b.retrieval.images, f"retrieval/{name}", b.retrieval.split))
     return tasks
 
 
@@ -96,7 +96,7 @@ def load_tagger(name: str):
         raise EvaluateError(f"spacy_model {name!r} cannot be loaded ({err}); ARO's order benchmarks need a tagger") from None
 
 
-def check_images(tasks: list[bd.Task]) -> None:
+def check_images(tasks: list[formats.Task]) -> None:
     """Stop before any encoding when image files are missing: how many, and the first few."""
     missing = sorted({str(ref.path) for t in tasks for ref in t.images if not ref.path.is_file()})
     if missing:
@@ -105,7 +105,7 @@ def check_images(tasks: list[bd.Task]) -> None:
         raise EvaluateError(f"{len(missing)} image file(s) missing (used by {', '.join(users)}); first:\n  {shown}")
 
 
-def suite_fingerprint(params: EvaluateParams, tasks: list[bd.Task]) -> str:
+def suite_fingerprint(params: EvaluateParams, tasks: list[formats.Task]) -> str:
     digest = hashlib.sha256(params.benchmarks.model_dump_json().encode())
     digest.update(json.dumps([params.order_seed, params.spacy_model]).encode())
     for task in tasks:
@@ -228,7 +228,7 @@ def load_model(kind: str, where: Any, spec: EvalModelSpec):
 
 
 class _Images(torch.utils.data.Dataset):
-    def __init__(self, refs: list[bd.ImageRef], preprocess):
+    def __init__(self, refs: list[formats.ImageRef], preprocess):
         self.refs, self.preprocess = refs, preprocess
 
     def __len__(self) -> int:
@@ -247,7 +247,7 @@ class _Images(torch.utils.data.Dataset):
 
 
 @torch.no_grad()
-def encode_images(model, preprocess, refs: list[bd.ImageRef], batch: int, workers: int, desc: str, progress: bool = True) -> torch.Tensor:
+def encode_images(model, preprocess, refs: list[formats.ImageRef], batch: int, workers: int, desc: str, progress: bool = True) -> torch.Tensor:
     """L2-normalised embeddings [len(refs), D], in order."""
     loader = torch.utils.data.DataLoader(_Images(refs, preprocess), batch_size=batch, num_workers=workers)
     out = [model.encode_image(x, normalize=True).float()
@@ -262,7 +262,7 @@ def encode_texts(model, tokenizer, texts: list[str], batch: int, desc: str, prog
     return torch.cat(out)
 
 
-def build_classifiers(model, tokenizer, tasks: list[bd.Task]) -> None:
+def build_classifiers(model, tokenizer, tasks: list[formats.Task]) -> None:
     import open_clip
 
     for task in tasks:
@@ -273,7 +273,7 @@ def build_classifiers(model, tokenizer, tasks: list[bd.Task]) -> None:
             ).float()
 
 
-def score_task(task: bd.Task, images: torch.Tensor, texts: torch.Tensor) -> dict[str, float]:
+def score_task(task: formats.Task, images: torch.Tensor, texts: torch.Tensor) -> dict[str, float]:
     """All items, then (when the task flags them) the held-out and the seen items apart."""
     out = {k: float(v) for k, v in task.score(images, texts, None).items()}
     out["items"] = float(task.items)
@@ -288,10 +288,10 @@ def score_task(task: bd.Task, images: torch.Tensor, texts: torch.Tensor) -> dict
     return out
 
 
-def evaluate_shared(model, preprocess, tokenizer, tasks: list[bd.Task], params: EvaluateParams, label: str = "",
+def evaluate_shared(model, preprocess, tokenizer, tasks: list[formats.Task], params: EvaluateParams, label: str = "",
                     progress: bool = True) -> dict[str, dict[str, float]]:
     """Every task, with each distinct image and text encoded once for all of them."""
-    image_index: dict[bd.ImageRef, int] = {}
+    image_index: dict[formats.ImageRef, int] = {}
     text_index: dict[str, int] = {}
     for task in tasks:
         for ref in task.images:
@@ -310,23 +310,12 @@ def evaluate_shared(model, preprocess, tokenizer, tasks: list[bd.Task], params: 
     return results
 
 
-def evaluate_per_task(model, preprocess, tokenizer, tasks: list[bd.Task], params: EvaluateParams) -> dict[str, dict[str, float]]:
-    """The same results with every task encoding its own images and texts (bench/evaluate.py's baseline)."""
-    build_classifiers(model, tokenizer, tasks)
-    results = {}
-    for task in tasks:
-        I = encode_images(model, preprocess, task.images, params.image_batch, params.workers, task.name)
-        T = encode_texts(model, tokenizer, task.texts, params.text_batch, task.name) if task.texts else torch.zeros(0, I.shape[1])
-        results[task.name] = score_task(task, I, T)
-    return results
-
-
 # --------------------------------------------------------------------------------------------------
 # reports
 # --------------------------------------------------------------------------------------------------
 
 
-def summarize(tasks: list[bd.Task], results: dict[str, dict[str, float]]) -> dict[str, float]:
+def summarize(tasks: list[formats.Task], results: dict[str, dict[str, float]]) -> dict[str, float]:
     """Per group, the mean of each task's headline metric (promotion gates compare these)."""
     groups: dict[str, list[float]] = {}
     for task in tasks:
@@ -337,7 +326,7 @@ def summarize(tasks: list[bd.Task], results: dict[str, dict[str, float]]) -> dic
     return {g: sum(v) / len(v) for g, v in groups.items()}
 
 
-def flat_metrics(tasks: list[bd.Task], per_model: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
+def flat_metrics(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
     flat = {}
     for model, results in per_model.items():
         for name, metrics in results.items():
@@ -352,7 +341,7 @@ def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.3f}"
 
 
-def markdown_report(tasks: list[bd.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str], meta: dict[str, Any]) -> str:
+def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str], meta: dict[str, Any]) -> str:
     ref = names[0]
     head = "| benchmark | metric | items | " + " | ".join(names) + "".join(f" | Δ {n} − {ref}" for n in names[1:]) + " |"
     sep = "|" + "---|" * (3 + len(names) + len(names) - 1)
@@ -391,12 +380,9 @@ def markdown_report(tasks: list[bd.Task], per_model: dict[str, dict[str, dict[st
     return "\n".join(lines) + "\n"
 
 
-def bar_chart(tasks: list[bd.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str]) -> bytes:
+def bar_chart(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str]) -> bytes:
     """Grouped bars of each benchmark's headline metric, one bar per model: all items, and held-out items."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     panels = [("all items", ""), ("held-out (color, shape) pairs only", "held_out/")]
@@ -417,10 +403,7 @@ def bar_chart(tasks: list[bd.Task], per_model: dict[str, dict[str, dict[str, flo
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, ncols=len(names))
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -428,7 +411,7 @@ def bar_chart(tasks: list[bd.Task], per_model: dict[str, dict[str, dict[str, flo
 # --------------------------------------------------------------------------------------------------
 
 
-def evaluate_model(spec: EvalModelSpec, tasks: list[bd.Task], params: EvaluateParams, suite_fp: str, quiet: bool = False) -> dict[str, dict[str, float]]:
+def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: EvaluateParams, suite_fp: str, quiet: bool = False) -> dict[str, dict[str, float]]:
     """One model's results on the loaded suite, from the cache when the same weights met the same suite."""
     kind, where = resolve_model(spec, params.cache_dir / "downloads")
     fp = hashlib.sha256(f"{model_fingerprint(kind, where)}:{suite_fp}".encode()).hexdigest()[:16]
@@ -492,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params("evaluate", args.params)
         flat = run(params)
-    except (ParamsError, EvaluateError, bd.BenchmarkError) as err:
+    except (ParamsError, EvaluateError, formats.BenchmarkError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps({k: v for k, v in flat.items() if "/summary/" in k}))

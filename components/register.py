@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from components.shared.checkpoints import EXPORT_CONFIG
 from components.shared.params import ROOT, ParamsError, RegistryParams, load_params
 
 SUMMARY_KEYS = ("compositional", "zero_shot", "retrieval")
@@ -61,7 +62,7 @@ def register(params: RegistryParams, extra_tags: dict[str, str] | None = None) -
     from components.shared.pyfunc_model import log_export
     from components.shared.tracking import use_experiment
 
-    if not (params.export_dir / "open_clip_config.json").is_file():
+    if not (params.export_dir / EXPORT_CONFIG).is_file():
         raise RegistryError(f"{params.export_dir}: no open_clip export; run the train stage first")
     summary = benchmark_summary(params)
     lock = ROOT / "dvc.lock"

@@ -2,7 +2,7 @@
 
     python -m flows.c2lip            # the full flow once, locally, no server (what `make run` does)
     python -m flows.c2lip compare    # the comparison of methods once, locally (`make compare`)
-    python -m flows.serve            # serve the three deployments to a Prefect server (`make serve`)
+    python -m flows.serve            # serve the four deployments to a Prefect server (`make serve`)
     prefect deployment run c2lip/full --param overrides='{"train": {"steps": 600}}'
 
 ``full`` runs every DVC stage as ``dvc repro <stage>`` in a subprocess (DVC decides what is stale; no
@@ -150,7 +150,7 @@ def _artifact_key(text: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# flows (one flow name, three deployments)
+# flows (one flow name, four deployments)
 # --------------------------------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ which encodes what its batch carries with a :class:`~components.method.module.Tr
 calls ``forward``; a batch's keys are those its method's batch builder (:mod:`components.method.batches`)
 writes.
 
-Notation as in DESIGN.md ("The C2LIP method"): x_i image embeddings, t_i caption embeddings, c_k phrase
+Notation as in docs/architecture.md ("The C2LIP method"): x_i image embeddings, t_i caption embeddings, c_k phrase
 (concept) embeddings, u_mj token features of image m, s = exp(logit_scale), b = logit_bias.
 
     L = L_sig + λ_npc·L_npc + λ_xac·L_xac          (λ_npc = 1, λ_xac = 0.01)

@@ -13,7 +13,6 @@ from pathlib import Path
 import open_clip
 import timm
 import torch
-import torch.nn.functional as F
 from open_clip.modified_resnet import AttentionPool2d, ModifiedResNet
 from open_clip.timm_model import TimmModel
 from open_clip.transformer import VisionTransformer as OpenClipViT
@@ -152,7 +151,3 @@ def encode_concepts(model, phrase_tokens: torch.Tensor, inverse: torch.Tensor | 
     """
     features = model.encode_text(phrase_tokens, normalize=True)
     return features if inverse is None else features[inverse]
-
-
-def normalized(x: torch.Tensor) -> torch.Tensor:
-    return F.normalize(x, dim=-1)

@@ -26,7 +26,7 @@ def build_model(params: TrainParams):
 
 
 def param_groups(module: torch.nn.Module, optim) -> list[dict]:
-    """AdamW groups: decay on matrices; none on gains, biases and the logit scale/bias (DESIGN.md), which
+    """AdamW groups: decay on matrices; none on gains, biases and the logit scale/bias (the paper's rule, docs/architecture.md), which
     also get ``logit_lr_multiplier`` (a model trained from scratch needs them to move ~10× faster)."""
     decay, no_decay, logit = [], [], []
     for name, p in module.named_parameters():

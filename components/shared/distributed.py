@@ -52,7 +52,7 @@ def deepspeed_config(params: TrainParams, world_size: int, cuda: bool) -> dict[s
         gradient_accumulation_steps=params.global_batch // per_step,
         gradient_clipping=params.optim.grad_clip,
     )
-    config.setdefault("zero_allow_untested_optimizer", True)  # our torch AdamW param groups (DESIGN.md's no-decay rule)
+    config.setdefault("zero_allow_untested_optimizer", True)  # our torch AdamW param groups (the paper's no-decay rule, docs/architecture.md)
     return config
 
 

@@ -1,9 +1,12 @@
 """The one parameter schema of c2lip.
 
 Every stage reads ``params/<stage>.yaml`` through :func:`load_params`, which validates it against the
-pydantic models below before any work starts. The same models feed the three consumers named in
-DESIGN.md: DVC tracks the YAML keys (tests check that every key in dvc.yaml exists here), Prefect flow
-parameters are typed with them, and :func:`flatten_params` turns them into MLflow params.
+pydantic models below before any work starts. The same models feed three consumers (docs/architecture.md):
+DVC tracks the YAML keys (tests check that every key in dvc.yaml exists here), Prefect flow parameters are
+typed with them, and :func:`flatten_params` turns them into MLflow params.
+
+The defaults live here and only here: a stage's shipped YAML states them again for the reader, and a test
+checks that it never disagrees with them (base.yaml and the presets are variants: they say what differs).
 """
 
 from __future__ import annotations

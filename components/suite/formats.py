@@ -1,4 +1,4 @@
-"""Readers of the benchmark suite's official file formats (DESIGN.md "Benchmark formats").
+"""Readers of the benchmark suite's official file formats (docs/architecture.md "Benchmark formats").
 
 Each reader turns one benchmark's files into a :class:`Task`: the images it needs (a file, optionally a
 box to crop), the texts it needs, the per-item indices into both, and how to score the items from the
@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from components.suite import metrics as bm
+from components.suite import metrics
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 
@@ -150,7 +150,7 @@ def sugarcrepe(path: Path, image_root: Path, name: str) -> Task:
     i, p, n = torch.tensor(img), torch.tensor(pos), torch.tensor(neg)
 
     def score(I, T, items):
-        return {"acc": bm.pairwise_accuracy(_pair_scores(I, T, _pick(i, items), _pick(p, items)),
+        return {"acc": metrics.pairwise_accuracy(_pair_scores(I, T, _pick(i, items), _pick(p, items)),
                                             _pair_scores(I, T, _pick(i, items), _pick(n, items)))}
 
     return Task(name, "compositional", "acc", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
@@ -171,7 +171,7 @@ def sugarcrepe_pp(path: Path, image_root: Path, name: str) -> Task:
 
     def score(I, T, items):
         ii, aa, bb, nn = (_pick(x, items) for x in (i, a, b, n))
-        return bm.sugarcrepe_pp(
+        return metrics.sugarcrepe_pp(
             _pair_scores(I, T, ii, aa), _pair_scores(I, T, ii, bb), _pair_scores(I, T, ii, nn),
             (T[aa] * T[bb]).sum(-1), (T[aa] * T[nn]).sum(-1), (T[bb] * T[nn]).sum(-1),
         )
@@ -205,7 +205,7 @@ def hard_positives(original_path: Path, swapped_path: Path, image_root: Path, na
 
     def score(I, T, items):
         ii = _pick(i, items)
-        return bm.hard_positives(_pair_scores(I, T, ii, _pick(c, items)), _pair_scores(I, T, ii, _pick(cp, items)),
+        return metrics.hard_positives(_pair_scores(I, T, ii, _pick(c, items)), _pair_scores(I, T, ii, _pick(cp, items)),
                                  _pair_scores(I, T, ii, _pick(cn, items)))
 
     return Task(name, "compositional", "augmented_acc", list(idx.images), list(idx.texts), len(img), score, _flags(held),
@@ -244,7 +244,7 @@ def aro_vg(path: Path, image_root: Path, name: str, kind: str) -> Task:
         ii = _pick(i, items)
         correct = _pair_scores(I, T, ii, _pick(p, items)) > _pair_scores(I, T, ii, _pick(q, items))
         chosen = groups if items is None else [groups[k] for k in items.tolist()]
-        return bm.macro_accuracy(correct, chosen)
+        return metrics.macro_accuracy(correct, chosen)
 
     return Task(name, "compositional", "macro_acc", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
 
@@ -337,7 +337,7 @@ def aro_order(path: Path, image_root: Path, name: str, split: str, per_image: in
     def score(I, T, items):
         ii, ss = _pick(i, items), _pick(s, items)
         shuffled_scores = (I[ii][:, None, :] * T[ss]).sum(-1)
-        return {"p_at_1": bm.order_precision_at_1(_pair_scores(I, T, ii, _pick(t, items)), shuffled_scores)}
+        return {"p_at_1": metrics.order_precision_at_1(_pair_scores(I, T, ii, _pick(t, items)), shuffled_scores)}
 
     return Task(name, "compositional", "p_at_1", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
 
@@ -374,7 +374,7 @@ def winoground(path: Path, image_root: Path, name: str) -> Task:
 
     def score(I, T, items):
         ii, cc = _pick(i, items), _pick(c, items)
-        return bm.winoground((I[ii][:, :, None, :] * T[cc][:, None, :, :]).sum(-1))
+        return metrics.winoground((I[ii][:, :, None, :] * T[cc][:, None, :, :]).sum(-1))
 
     return Task(name, "compositional", "group", list(idx.images), list(idx.texts), len(imgs), score, _flags(held), str(path))
 
@@ -412,7 +412,7 @@ def zero_shot(root: Path, name: str, templates: list[str], classnames_file: str 
 
     def score(I, T, items):
         logits = _pick(I, items) @ task.classifier  # [images, classes], set per model by the evaluator
-        return bm.topk_accuracy(logits, _pick(y, items), ks=(1, min(5, len(classnames))))
+        return metrics.topk_accuracy(logits, _pick(y, items), ks=(1, min(5, len(classnames))))
 
     task.score = score
     return task
@@ -435,7 +435,7 @@ def retrieval(path: Path, image_root: Path, name: str, split: str) -> Task:
         if items is not None:  # a subset's images and captions as queries, against every candidate
             queries = torch.zeros(len(images), dtype=torch.bool)
             queries[items] = True
-        out = bm.retrieval_recall(I @ T.T, owner, queries=queries)
+        out = metrics.retrieval_recall(I @ T.T, owner, queries=queries)
         out["mean_r1"] = (out["image_to_text_r1"] + out["text_to_image_r1"]) / 2
         return out
 

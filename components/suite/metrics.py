@@ -1,4 +1,4 @@
-"""The benchmark suite's metrics (DESIGN.md "Benchmark formats"), as pure functions of similarity scores.
+"""The benchmark suite's metrics (docs/architecture.md "Benchmark formats"), as pure functions of similarity scores.
 
 The evaluate stage encodes images and texts and hands these functions cosine similarities; nothing
 here reads files or models, so every metric is tested exactly on hand-made scores. Ties count as wrong
