@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO
 from PIL import Image
 
 from components import evaluate as ev
@@ -344,7 +345,7 @@ def test_model_resolution_errors_say_which_model_and_why(tmp_path):
 
 
 def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
-    params = {"models": [{"name": "base", "uri": str(ev.ROOT / "models" / "base" / "export")}],
+    params = {"models": [{"name": "base", "uri": str(REPO / "models" / "base" / "export")}],
               "benchmarks": {k: {"enabled": k == "sugarcrepe", "data_root": str(tmp_path / "nowhere")}
                              for k in ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval")}}
     file = tmp_path / "evaluate.yaml"
@@ -383,7 +384,7 @@ def test_real_sugarcrepe_files_end_to_end_on_stand_in_images(tmp_path):
     for k, name in enumerate(sorted(filenames)):  # stand-ins: a flat color per file
         solid(tmp_path / "val2017" / name, k % 256, size=(32, 24))
     params = EvaluateParams.model_validate({
-        "models": [{"name": "base", "uri": str(ev.ROOT / "models" / "base" / "export")}],
+        "models": [{"name": "base", "uri": str(REPO / "models" / "base" / "export")}],
         "benchmarks": _only({"sugarcrepe": {"data_root": str(root), "image_root": str(tmp_path / "val2017")}}),
         "output_dir": str(tmp_path / "reports"), "cache_dir": str(tmp_path / "cache"),
     })
@@ -415,7 +416,7 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
     suite = tmp_path / "suite"
     bench_stage.run(BenchmarksParams(captions_params=tmp_path / "captions.yaml", output_dir=suite))
 
-    export = ev.ROOT / "models" / "base" / "export"
+    export = REPO / "models" / "base" / "export"
     model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{export}")
     torch.save({"module": {f"module.{k}": v for k, v in model.state_dict().items()}}, tmp_path / "mp_rank_00_model_states.pt")
     from components.shared.tracking import use_experiment
