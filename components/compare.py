@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -33,11 +32,9 @@ from tqdm import tqdm
 
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
 from components.shared.params import ROOT, SHAPESWORLD_SUITE, CompareParams, EvaluateParams, ParamsError, TrainParams, deep_merge, load_params, read_yaml, validate_params
-from components.shared.reports import figure_png, pyplot
 from components.shared.stage_code import stage_code
+from components.suite.compare_report import aggregate, chart, markdown
 from components.suite.formats import BenchmarkError
-
-GROUPS = ("compositional", "zero_shot", "retrieval")
 
 
 @dataclass(frozen=True)
@@ -267,124 +264,6 @@ def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
     atomic_write_json(run.dir / "done.json", {"fingerprint": run_fingerprint(run, suite), "metrics": metrics})
     log(f"{run.label}: trained in {trained - started:.0f} s, evaluated in {time.time() - trained:.0f} s")
     return metrics
-
-
-# --------------------------------------------------------------------------------------------------
-# the report
-# --------------------------------------------------------------------------------------------------
-
-
-def _mean_sd(values: list[float]) -> tuple[float, float]:
-    return round(statistics.fmean(values), 6), round(statistics.stdev(values) if len(values) > 1 else 0.0, 6)
-
-
-def aggregate(params: CompareParams, runs: list[Run], results: dict[str, dict[str, float]], headlines: dict[str, str] | None = None) -> dict[str, Any]:
-    """Per arm and metric: every seed's value, mean, standard deviation; paired differences (arm − reference,
-    same seed) of the summary groups."""
-    arms = [a.name for a in params.arms]
-    keys = sorted({k for r in results.values() for k in r})
-    table: dict[str, dict[str, dict[str, Any]]] = {}
-    for arm in arms:
-        table[arm] = {}
-        for key in keys:
-            values = [results[r.label][key] for r in runs if r.arm == arm and key in results[r.label]]
-            if values:
-                mean, sd = _mean_sd(values)
-                table[arm][key] = {"values": [round(v, 6) for v in values], "mean": mean, "sd": sd}
-    paired: dict[str, dict[str, Any]] = {}
-    reference = {r.seed: results[r.label] for r in runs if r.arm == params.reference}
-    for arm in arms:
-        if arm == params.reference:
-            continue
-        paired[arm] = {}
-        for group in [*GROUPS, *(f"{g}_held_out" for g in GROUPS)]:
-            key = f"summary/{group}"
-            diffs = [results[r.label][key] - reference[r.seed][key] for r in runs
-                     if r.arm == arm and key in results[r.label] and key in reference.get(r.seed, {})]
-            if diffs:
-                mean, sd = _mean_sd(diffs)
-                paired[arm][group] = {"values": [round(d, 6) for d in diffs], "mean": mean, "sd": sd, "positive": sum(d > 0 for d in diffs)}
-    return {"arms": arms, "reference": params.reference, "seeds": list(params.seeds), "metrics": table, "paired": paired,
-            "headlines": headlines or {}}
-
-
-def _cell(stats: dict[str, Any] | None, signed: bool = False) -> str:
-    if not stats:
-        return "–"
-    fmt = "{:+.3f}" if signed else "{:.3f}"
-    return f"{fmt.format(stats['mean'])} ± {stats['sd']:.3f}"
-
-
-def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, float], budget: dict[str, Any]) -> str:
-    arms, ref, n = summary["arms"], summary["reference"], len(summary["seeds"])
-    m, paired = summary["metrics"], summary["paired"]
-    descriptions = {a.name: a.description for a in params.arms}
-    lines = ["# Comparison of methods", "",
-             f"{len(arms)} arms × {n} seeds ({', '.join(map(str, summary['seeds']))}), each fine-tuned from the same base for "
-             f"{budget['steps']} steps of {budget['global_batch']} samples ({budget['samples']:,} samples), judged by the same suite. "
-             f"Cells: mean ± standard deviation over seeds. Paired differences: arm − `{ref}` with the same seed "
-             f"(the count says in how many seeds it was positive).", ""]
-    if world:
-        lines += [f"World: {world['objects_per_image']:.2f} objects per image, {world['colors']} colors × {world['shapes']} shapes, "
-                  f"{world['bag_of_words_ambiguous']:.0%} of training captions describe two objects that differ in color and shape "
-                  f"(a bag of words cannot bind them: C2LIP's premise).", ""]
-    if summary.get("not_applicable"):
-        lines += [f"Not applicable in this world (no items): {', '.join(summary['not_applicable'])}.", ""]
-    for title, suffix in (("All items", ""), ("Held-out (color, shape) combinations only", "_held_out")):
-        lines += [f"## {title}", "", "| arm | " + " | ".join(f"{g}" for g in GROUPS) + " | " + " | ".join(f"Δ {g}" for g in GROUPS) + " |",
-                  "|---|" + "---:|" * (2 * len(GROUPS))]
-        for arm in arms:
-            cells = [_cell(m[arm].get(f"summary/{g}{suffix}")) for g in GROUPS]
-            deltas = []
-            for g in GROUPS:
-                d = paired.get(arm, {}).get(f"{g}{suffix}")
-                deltas.append("(reference)" if arm == ref else (f"{_cell(d, True)} ({d['positive']}/{len(d['values'])})" if d else "–"))
-            lines.append(f"| {arm} | " + " | ".join(cells) + " | " + " | ".join(deltas) + " |")
-        lines.append("")
-    if any(descriptions.values()):
-        lines += ["## Arms", ""] + [f"- `{a}`: {descriptions[a]}" for a in arms if descriptions[a]] + [""]
-    lines += ["## Every benchmark (headline metric, mean ± sd over seeds)", "", "| benchmark | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
-    for task, metric in summary["headlines"].items():
-        lines.append(f"| {task} ({metric}) | " + " | ".join(_cell(m[a].get(f"{task}/{metric}")) for a in arms) + " |")
-    lines += ["", "Training throughput (samples/s, one torch thread, two runs at a time): " +
-              ", ".join(f"{a} {m[a]['train/samples_per_s']['mean']:.0f}" for a in arms if 'train/samples_per_s' in m[a]), ""]
-    return "\n".join(lines)
-
-
-def chart(summary: dict[str, Any]) -> bytes:
-    """Two panels: each group's score per arm (bar: mean, dots: seeds, whisker: sd), and the paired
-    differences against the reference."""
-    plt = pyplot()
-
-    arms, m, paired = summary["arms"], summary["metrics"], summary["paired"]
-    groups = [*GROUPS, *(f"{g}_held_out" for g in GROUPS)]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), dpi=100)
-    width = 0.8 / len(arms)
-    colors = plt.get_cmap("tab10")
-    for ax, paired_panel in zip(axes, (False, True)):
-        for k, arm in enumerate(arms):
-            xs, means, sds, dots = [], [], [], []
-            for g_i, g in enumerate(groups):
-                stats = paired.get(arm, {}).get(g) if paired_panel else m[arm].get(f"summary/{g}")
-                if stats:
-                    x = g_i + (k - (len(arms) - 1) / 2) * width
-                    xs.append(x), means.append(stats["mean"]), sds.append(stats["sd"])
-                    dots += [(x, v) for v in stats["values"]]
-            if not xs:
-                continue
-            ax.bar(xs, means, width, yerr=sds, label=arm, color=colors(k), alpha=0.8, capsize=2)
-            ax.scatter([d[0] for d in dots], [d[1] for d in dots], s=6, color="black", zorder=3)
-        ax.set_xticks(range(len(groups)), [g.replace("_held_out", "\n(held-out)") for g in groups], fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
-        if paired_panel:
-            ax.axhline(0, color="black", lw=0.8)
-            ax.set_title(f"paired difference vs {summary['reference']} (same seed)")
-        else:
-            ax.set_ylim(0, 1)
-            ax.set_title("score per arm (bars: mean over seeds, dots: seeds)")
-    axes[0].legend(fontsize=7, ncol=2, loc="upper left")
-    fig.tight_layout()
-    return figure_png(fig)
 
 
 def write_report(params: CompareParams, runs: list[Run], results: dict[str, dict[str, float]], world: dict[str, float],

