@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 import yaml
 from tqdm import tqdm
 
+from components.data.shapesworld_grammar import parse_object_phrase
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
 from components.shared.params import ROOT, SHAPESWORLD_SUITE, CompareParams, EvaluateParams, ParamsError, TrainParams, deep_merge, load_params, read_yaml, validate_params
 from components.shared.stage_code import stage_code
@@ -122,7 +123,8 @@ def world_figures(manifest: Path) -> dict[str, float]:
     phrases = [p for s, p in zip(table["split"], table["object_phrases"]) if s == "train" and p]
     if not phrases:
         return {}
-    objects = [[tuple(x.split()[-2:]) for x in image] for image in phrases]  # (color, shape) of "a size color shape"
+    mentions = [[parse_object_phrase(x) for x in image] for image in phrases]
+    objects = [[(m.color, m.shape) for m in image] for image in mentions]
     ambiguous = sum(any(a[0] != b[0] and a[1] != b[1] for i, a in enumerate(o) for b in o[i + 1:]) for o in objects)
     return {"train_images": len(objects), "objects_per_image": sum(map(len, objects)) / len(objects),
             "colors": len({c for o in objects for c, _ in o}), "shapes": len({s for o in objects for _, s in o}),

@@ -14,7 +14,7 @@ each batch's augmentation of (seed, batch index), so a killed run resumes at the
 same crops and ends with the weights an uninterrupted run would have.
 
 Layout: the launcher and DeepSpeed config (:mod:`components.shared.distributed`), the data stream
-(:mod:`components.data.stream`), the method's loss and batch builder (:mod:`components.method.registry`),
+(:mod:`components.data.stream`), the method's loss and batch builder (:mod:`components.method.methods`),
 the optimiser and schedule (:mod:`components.method.optim`), checkpoints and the export
 (:mod:`components.shared.checkpoints`), the zero-shot probe (:mod:`components.suite.zero_shot_probe`).
 This module is the stage: preflight, then :func:`train` = setup → loop → save.
@@ -48,9 +48,9 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from components.data.stream import TrainBatches, expand_shards, load_phrases
+from components.method.methods import method_for
 from components.method.module import TrainingModule
 from components.method.optim import build_model, calibrate_logits, lr_factor, param_groups
-from components.method.registry import method_for
 from components.shared.atomic import atomic_write_json, fingerprint
 from components.shared.checkpoints import EXPORT_CONFIG, HISTORY_FILE, RNG_FILE, export_model, latest_tag, save_checkpoint, set_rng_state
 from components.shared.distributed import deepspeed_config, launch, world_size_for

@@ -9,7 +9,7 @@ import typing
 import yaml
 from conftest import REPO
 
-from components.method.registry import METHODS
+from components.method.methods import METHODS
 from components.shared.params import PARAMS_DIR, STAGES, MethodParams, load_params
 from components.shared.stage_code import stage_code, stage_modules
 
@@ -86,9 +86,9 @@ def test_package_inits_hold_only_a_docstring():
         assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), path
 
 
-def test_method_names_are_the_registrys():
+def test_method_names_are_the_methods_table():
     names = typing.get_args(MethodParams.model_fields["name"].annotation)
-    assert set(names) == set(METHODS), "MethodParams.name's Literal and method/registry.py's METHODS differ"
+    assert set(names) == set(METHODS), "MethodParams.name's Literal and method/methods.py's METHODS differ"
     for name, method in METHODS.items():
         assert callable(method.make_loss) and callable(method.make_batch), name
 

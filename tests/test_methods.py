@@ -21,7 +21,7 @@ from components.data import shapesworld as sw
 from components.data import stream
 from components.method import batches, losses
 from components.method import hard_examples as he
-from components.method.registry import method_for
+from components.method.methods import method_for
 from components.shared import checkpoints
 from components.shared.params import CompareParams, ParamsError, ShapesWorldParams, TrainParams, load_params
 

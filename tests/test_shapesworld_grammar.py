@@ -32,6 +32,9 @@ def test_every_long_and_short_caption_round_trips_into_true_claims(world):
         assert kinds == ["text"] + ["object"] * len(meta["objects"]) + ["relation"] * len(meta["relations"])
         assert sorted(long.pairs()) == sorted((o["color"], o["shape"]) for o in meta["objects"])
         assert grammar.parse_description(captions["short"]) is not None
+        # the true concepts (the manifest's object_phrases) read back into the scene's objects
+        assert [grammar.parse_object_phrase(p) for p in meta["object_phrases"]] == [
+            grammar.Mention(shape=o["shape"], color=o["color"], size=o["size"]) for o in meta["objects"]]
 
 
 def test_raw_alt_text_has_no_claims_to_edit():

@@ -18,10 +18,10 @@ from conftest import REPO, tiny_training_data
 from components import train as train_stage
 from components.data import stream
 from components.method import optim
+from components.method.methods import method_for
 from components.method.models import TINY_RN, TINY_SIGLIP, create_model
-from components.method.registry import method_for
 from components.shared import checkpoints
-from components.shared.params import ParamsError, TrainParams, load_params
+from components.shared.params import ParamsError, TrainParams, deep_merge, load_params
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +50,7 @@ def tiny_train(root: Path, out: Path, **overrides) -> dict:
         "checkpoint_every": 2, "log_every": 1,
         "test_shards": [str(root / "captions" / "test" / "*.tar")],
     }
-    for key, value in overrides.items():
-        if isinstance(value, dict):
-            cfg[key] = {**cfg.get(key, {}), **value}
-        else:
-            cfg[key] = value
-    return cfg
+    return deep_merge(cfg, overrides)
 
 
 def write_params(path: Path, cfg: dict) -> Path:

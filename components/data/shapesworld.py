@@ -41,7 +41,7 @@ class SceneObject:
     @property
     def phrase(self) -> str:
         """The object's noun phrase, e.g. ``a large red circle`` (the true concept of the object)."""
-        return f"a {self.size} {self.color} {self.shape}"
+        return grammar.object_phrase(grammar.Mention(shape=self.shape, color=self.color, size=self.size))
 
     @property
     def name(self) -> str:

@@ -77,6 +77,17 @@ class Description:
 # --------------------------------------------------------------------------------------------------
 
 
+def object_phrase(mention: Mention) -> str:
+    """An object's noun phrase, ``a large red circle``: its true concept (the manifest's ``object_phrases``)."""
+    return f"a {mention.words()}"
+
+
+def parse_object_phrase(text: str) -> Mention | None:
+    """``a large red circle`` -> Mention(shape, color, size); None for text of another form."""
+    m = re.fullmatch(_MENTION, text.strip())
+    return Mention(shape=m[3], color=m[2], size=m[1]) if m else None
+
+
 def count_sentence(template: int, count: int, background: str) -> str:
     """``COUNT_SENTENCES[template]`` for ``count`` objects on ``background``."""
     return COUNT_SENTENCES[template].format(count=NUMBER_WORDS[count], noun="shape" if count == 1 else "shapes", background=background)

@@ -1,7 +1,7 @@
 """The training objectives, one loss module per method family (open_clip keeps one per objective too):
 :class:`ContrastiveLoss` (SigLIP / CLIP), :class:`C2LIPLoss` (concept terms), :class:`HardExampleLoss`
 (NegCLIP, hard positives + negatives) and :class:`CLICLoss`; the single-device formulas they share.
-Pure torch, no I/O. :mod:`components.method.registry` says which method uses which.
+Pure torch, no I/O. :mod:`components.method.methods` says which method uses which.
 
 Each loss module has ``forward`` on embeddings (testable in milliseconds) and ``step(towers, **batch)``,
 which encodes what its batch carries with a :class:`~components.method.module.TrainingModule`'s towers and

@@ -29,3 +29,8 @@ SHAPESWORLD_SUITE = Path("data/benchmarks/shapesworld")
 
 # a caption field name becomes a Parquet column and a JSON key
 CAPTION_FIELD_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def repeated(names: list[str]) -> list[str]:
+    """The names that occur more than once, sorted (lists whose names must be unique name them)."""
+    return sorted({n for n in names if names.count(n) > 1})

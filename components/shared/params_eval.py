@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from components.shared.params_base import SHAPESWORLD_SUITE, SHAPESWORLD_ZERO_SHOT_TEMPLATES, Strict
+from components.shared.params_base import SHAPESWORLD_SUITE, SHAPESWORLD_ZERO_SHOT_TEMPLATES, Strict, repeated
 
 # --------------------------------------------------------------------------------------------------
 # benchmarks stage (ShapesWorld's suite) and evaluate stage
@@ -164,9 +164,7 @@ class EvaluateParams(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "EvaluateParams":
-        names = [m.name for m in self.models]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
+        if dupes := repeated([m.name for m in self.models]):
             raise ValueError(f"models: names must be unique, {dupes} repeat")
         if not any(getattr(self.benchmarks, f).enabled for f in SuiteParams.model_fields):
             raise ValueError("benchmarks: every benchmark is disabled; enable at least one")
@@ -249,8 +247,7 @@ class CompareParams(Strict):
     @model_validator(mode="after")
     def _check(self) -> "CompareParams":
         names = [a.name for a in self.arms]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
+        if dupes := repeated(names):
             raise ValueError(f"arms: names must be unique, {dupes} repeat")
         if self.reference not in names:
             raise ValueError(f"reference {self.reference!r} is not an arm ({', '.join(names)})")

@@ -116,7 +116,7 @@ class MethodParams(Strict):
     """The training objective: ``siglip`` (plain contrastive), ``c2lip`` (plus the concept losses), or a
     sibling method: ``negclip`` (+ hard negatives), ``hp_hn`` (+ hard positives and negatives), ``clic``."""
 
-    # the keys of components.method.registry.METHODS (a test keeps them equal; the Literal lets Prefect's run
+    # the keys of components.method.methods.METHODS (a test keeps them equal; the Literal lets Prefect's run
     # form offer them and keeps this schema free of torch)
     name: Literal["siglip", "c2lip", "negclip", "hp_hn", "clic"] = Field(
         "c2lip", description="siglip: the baseline; c2lip: + λ_npc·L_npc + λ_xac·L_xac; negclip / hp_hn: hard negatives "
