@@ -1,4 +1,5 @@
-"""The base and train stages: DeepSpeed training of an open_clip model with ``siglip`` or ``c2lip``.
+"""The base and train stages: DeepSpeed training of an open_clip model with one of the methods (siglip,
+c2lip, negclip, hp_hn, clic; :mod:`components.method.methods`).
 
     python -m components.train --params params/train.yaml            # the train stage (dvc repro train)
     python -m components.train --params params/base.yaml             # the base stage (from scratch)
