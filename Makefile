@@ -13,6 +13,10 @@ export HF_HUB_OFFLINE ?= 1
 export DVC_NO_ANALYTICS ?= 1
 export MLFLOW_DISABLE_TELEMETRY ?= true
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+# Prefect gives its ephemeral API server 20 s to start, which a busy 2-core machine exceeds (a first
+# `make run` and the flow tests failed on it): wait up to 10 minutes instead; a server that cannot start
+# still fails, with Prefect's own message.
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 600
 export DO_NOT_TRACK ?= 1
 # uv must use this machine's Python 3.11, never try to download one.
 export UV_PYTHON_DOWNLOADS := never

@@ -10,6 +10,8 @@ for _key, _value in {
     "DVC_NO_ANALYTICS": "1",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # Prefect's 20 s for its ephemeral server to start is exceeded on a loaded 2-core machine (Makefile)
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600",
     "DO_NOT_TRACK": "1",
 }.items():
     os.environ.setdefault(_key, _value)
