@@ -60,6 +60,8 @@ def measure(method: str, args, device) -> dict:
     context = model.context_length
     vocab = model.vocab_size
     batch = synthetic_batch(args.batch, args.image_size, context, 5, vocab, device)
+    if method != "c2lip":  # a siglip batch carries images and captions only (method/batches.py)
+        batch = {k: batch[k] for k in ("images", "texts")}
     if not args.cpu:
         batch["images"] = batch["images"].to(torch.bfloat16)
 
