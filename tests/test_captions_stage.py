@@ -7,7 +7,7 @@ import time
 
 import pyarrow.parquet as pq
 import webdataset as wds
-from conftest import REPO, kill_stage_midway, tiny_captions
+from conftest import HANG_S, REPO, kill_stage_midway, tiny_captions
 
 from components.captions import part_paths, run
 from components.data.sources import make_source
@@ -106,7 +106,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
     assert 3 <= finished < 30, f"kill came too late to test resuming ({finished} shards done)"
     assert not (tmp_path / "killed" / "manifest.parquet").exists()
 
-    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=300)
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=HANG_S)
     reference = tiny_captions(tmp_path / "ref", shard_size=100, shapesworld={"train_images": 3000, "test_images": 0})
     run(reference)
     killed = sorted((tmp_path / "killed" / "train").glob("*.tar"))

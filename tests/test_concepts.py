@@ -8,7 +8,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO, kill_stage_midway, tiny_captions
+from conftest import HANG_S, REPO, kill_stage_midway, tiny_captions
 
 from components import concepts
 from components.captions import run as run_captions
@@ -210,7 +210,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
     done, cmd = kill_stage_midway("concepts", cfg, tmp_path, "killed/train/*.parquet", 2)
     assert 2 <= done < 15, f"kill came too late to test resuming ({done} shards done)"
     assert not (tmp_path / "k.json").exists()
-    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=300)
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=HANG_S)
     reference = _params(tmp_path / "ref", manifest, quality_samples=0)
     concepts.run(reference)
     killed = ConceptsParams.model_validate(cfg)

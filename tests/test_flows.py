@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import REPO, make_clone
+from conftest import HANG_S, REPO, make_clone
 
 import flows.c2lip as c2lip_flows
 from components.shared.params import ParamsError
@@ -83,7 +83,7 @@ def test_deployments_on_a_real_prefect_server(tmp_path):
                               stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT)
     served = None
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + HANG_S
         while True:
             try:
                 urllib.request.urlopen(f"{api}/health", timeout=2)
@@ -94,22 +94,22 @@ def test_deployments_on_a_real_prefect_server(tmp_path):
         served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=work, env=env,
                                   stdout=open(tmp_path / "serve.log", "w"), stderr=subprocess.STDOUT)
 
-        def deployment_run(name: str, *params: str, timeout: int = 600) -> subprocess.CompletedProcess:
-            deadline = time.time() + 60
+        def deployment_run(name: str, *params: str) -> subprocess.CompletedProcess:
+            deadline = time.time() + HANG_S
             while True:  # the served deployments appear once flows.serve has registered them
                 listed = subprocess.run([prefect, "deployment", "ls"], env=env, capture_output=True, text=True)
                 if name.split("/")[1] in listed.stdout:
                     break
                 assert time.time() < deadline and served.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
                 time.sleep(1)
-            args = [prefect, "deployment", "run", name, "--watch", "--watch-timeout", str(timeout)]
+            args = [prefect, "deployment", "run", name, "--watch", "--watch-timeout", str(HANG_S)]
             for p in params:
                 args += ["--param", p]
-            return subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout + 60)
+            return subprocess.run(args, env=env, capture_output=True, text=True, timeout=HANG_S + 60)
 
         params_before = {p.name: p.read_bytes() for p in (work / "params").glob("*.yaml")}
         with workspace.workspace_lock(work, "the test, pretending to be a running full flow"):
-            refused = deployment_run("c2lip/full", timeout=120)
+            refused = deployment_run("c2lip/full")
         assert refused.returncode != 0
         assert "another c2lip run holds the workspace" in (tmp_path / "serve.log").read_text()
 
@@ -134,13 +134,13 @@ def test_deployments_on_a_real_prefect_server(tmp_path):
         assert str(version.version) == "1" and json.loads(version.tags["overrides"]) == {"train": {"steps": 3}}
         assert float(version.tags["summary.zero_shot"]) >= 0 and version.tags["method"] == "c2lip"
 
-        promoted = deployment_run("c2lip/promote", timeout=120)
+        promoted = deployment_run("c2lip/promote")
         assert promoted.returncode == 0, promoted.stdout + promoted.stderr
         assert str(client.get_model_version_by_alias("c2lip", "champion").version) == "1"
 
         train_runs = mlflow.search_runs(experiment_names=["c2lip"], filter_string="params.steps = '3'", output_format="list")
         assert len(train_runs) == 1  # the override is in MLflow too
-        evaluated = deployment_run("c2lip/evaluate", 'model={"name": "champion", "uri": "models:/c2lip@champion"}', timeout=300)
+        evaluated = deployment_run("c2lip/evaluate", 'model={"name": "champion", "uri": "models:/c2lip@champion"}')
         assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
         adhoc = json.loads((work / "reports" / "adhoc" / "champion" / "metrics.json").read_text())
         assert adhoc["champion/zero_shot/top1"] == json.loads((work / "reports" / "metrics.json").read_text())["finetuned/zero_shot/top1"]

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import HANG_S, REPO
 
 from components.shared.params import (
     PARAMS_DIR,
@@ -128,7 +128,7 @@ def test_bad_params_stop_the_stage_before_any_work(tmp_path):
     path = _write(tmp_path, f"output_dir: {out}\nshapesworld:\n  train_images: -5\n")
     proc = subprocess.run(
         [sys.executable, "-m", "components.captions", "--params", str(path)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_S,
     )
     assert proc.returncode == 2
     assert "shapesworld.train_images" in proc.stderr and str(path) in proc.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, make_clone
+from conftest import HANG_S, REPO, make_clone
 
 
 def _make_dry_run(workdir: Path) -> str:
@@ -42,7 +42,7 @@ def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(tmp_path):
     params = yaml.safe_load((work / "params" / "captions.yaml").read_text())
 
     def dvc(*args):
-        return subprocess.run(["dvc", *args], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        return subprocess.run(["dvc", *args], cwd=work, env=env, capture_output=True, text=True, timeout=HANG_S)
 
     first = dvc("repro")
     assert first.returncode == 0, first.stderr + first.stdout

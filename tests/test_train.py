@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import REPO, tiny_training_data
+from conftest import HANG_S, REPO, tiny_training_data
 
 from components import train as train_stage
 from components.data import stream
@@ -59,7 +59,7 @@ def write_params(path: Path, cfg: dict) -> Path:
     return path
 
 
-def run_stage(params_file: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_stage(params_file: Path, env: dict, timeout: int = HANG_S) -> subprocess.CompletedProcess:
     env = {**os.environ, **env}
     env.pop("WORLD_SIZE", None)
     cmd = [sys.executable, "-m", "components.train", "--params", str(params_file)]
@@ -261,7 +261,7 @@ def test_one_process_run_tracks_and_exports_a_model_open_clip_alone_loads(tiny_d
         f"torch.save(out, {str(probe)!r})\n"
         "assert 'components' not in sys.modules\n"
     )
-    loaded = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    loaded = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     reference, _, _, tok = create_model(TINY_RN)
     reference.load_state_dict(_weights_of_latest_checkpoint(out))
@@ -305,7 +305,7 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(tiny_data
     proc = subprocess.Popen([sys.executable, "-m", "components.train", "--params", str(params_file)], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = out / "checkpoints" / "latest"
-    deadline = time.time() + 240
+    deadline = time.time() + HANG_S
     while time.time() < deadline and proc.poll() is None and not (latest.is_file() and latest.read_text().strip() == "step00000004"):
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
