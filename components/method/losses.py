@@ -191,8 +191,12 @@ class ContrastiveLoss(nn.Module):
         """image_features, text_features [B, D] L2-normalised; logit_scale s (exponentiated)."""
         images, _ = gather_rows(image_features)
         texts, _ = gather_rows(text_features)
+        return {"contrastive_loss": self.on_global_batch(images, texts, logit_scale, logit_bias)}
+
+    def on_global_batch(self, images, texts, logit_scale, logit_bias=None) -> torch.Tensor:
+        """The loss of already gathered embeddings (a loss that gathers them for other terms too)."""
         contrastive = sigmoid_contrastive if self.contrastive == "sigmoid" else softmax_contrastive
-        return {"contrastive_loss": contrastive(images, texts, logit_scale, logit_bias)}
+        return contrastive(images, texts, logit_scale, logit_bias)
 
     def step(self, towers, images, texts) -> dict[str, torch.Tensor]:
         return self(towers.encode_image(images), towers.encode_text(texts), *towers.logit_scale_bias())
@@ -261,12 +265,13 @@ class C2LIPLoss(nn.Module):
         phrase_features: [K, D] normalised; phrase_image_index: [K], local image of each phrase;
         image_tokens: [B, J, D] normalised token features (needed when λ_xac > 0).
         """
-        losses = self.contrastive(image_features, text_features, logit_scale, logit_bias)
+        images, counts = gather_rows(image_features)  # once, for the contrastive and the concept terms
+        texts, _ = gather_rows(text_features)
+        losses = {"contrastive_loss": self.contrastive.on_global_batch(images, texts, logit_scale, logit_bias)}
         if not self.uses_concepts:
             return losses
         if phrase_features is None or phrase_image_index is None:
             raise ValueError("the concept terms need phrase_features and phrase_image_index")
-        images, counts = gather_rows(image_features)
         offset = sum(counts[:dist.get_rank() if distributed() else 0])
         phrases, _ = gather_rows(phrase_features)
         owner, _ = gather_rows(phrase_image_index + offset)  # global image index

@@ -66,11 +66,14 @@ def _format_error(path: Path, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def read_yaml(path: Path | str) -> dict:
-    """A params YAML as a mapping (an empty file is an empty mapping); a missing file is a ParamsError."""
+def read_yaml(path: Path | str) -> Any:
+    """A params YAML's data (an empty file is an empty mapping); a missing file or bad YAML is a ParamsError."""
     if not Path(path).is_file():
         raise ParamsError(f"{path}: params file not found")
-    return yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        return yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{path}: not valid YAML: {err}") from None
 
 
 def deep_merge(base: dict, change: dict) -> dict:
@@ -98,13 +101,7 @@ def validate_params(stage: str, data: Any, source: Path | str = "<params>") -> S
 def load_params(stage: str, path: Path | str | None = None) -> Strict:
     """Read and validate ``params/<stage>.yaml`` (or ``path``) before any work is done."""
     path = Path(path) if path is not None else PARAMS_DIR / f"{stage}.yaml"
-    if not path.is_file():
-        raise ParamsError(f"{path}: params file not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ParamsError(f"{path}: not valid YAML: {err}") from None
-    return validate_params(stage, data, path)
+    return validate_params(stage, read_yaml(path), path)
 
 
 def flatten_params(model: BaseModel, prefix: str = "") -> dict[str, str]:
