@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import shutil
 import sys
 import time
 from dataclasses import replace
@@ -42,8 +41,9 @@ from tqdm import tqdm
 
 from components.data import shapesworld
 from components.data import shapesworld_rules as rules
-from components.shared.atomic import atomic_write_json
+from components.shared.atomic import atomic_write_json, remove_inside
 from components.shared.params import BenchmarksParams, CaptionsParams, ParamsError, load_params
+from components.shared.processes import stage_process_setup
 
 SUGARCREPE_SUBSETS = ["add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]
 SUGARCREPE_PP_SUBSETS = ["replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]
@@ -241,14 +241,14 @@ def run(params: BenchmarksParams) -> dict[str, Any]:
     started = time.perf_counter()
     out = params.output_dir
     tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # a killed earlier run's leftovers
+    remove_inside(out.parent, tmp.name)  # a killed earlier run's leftovers (only ever out's own siblings)
     stats = build_suite(params, captions, tmp)  # (no timing in stats.json: the same suite must hash the same for DVC)
     old = out.with_name(out.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
+    remove_inside(out.parent, old.name)
     if out.exists():
         out.rename(old)
     tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    remove_inside(out.parent, old.name)
     stats["seconds"] = round(time.perf_counter() - started, 2)
     return stats
 
@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default=None, help="params YAML (default: params/benchmarks.yaml)")
     args = parser.parse_args(argv)
+    stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     try:
         params = load_params("benchmarks", args.params)
         stats = run(params)

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from components.shared.atomic import atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
+from components.shared.atomic import CorruptFileError, atomic_write_json, atomic_write_parquet, check_entry_name, fingerprint, read_parquet, resume_or_restart
 from components.shared.params import ConceptsParams, ParamsError, PhraseRules, load_params
+from components.shared.processes import stage_process_setup
 from components.shared.stage_code import stage_code
 
 DETERMINERS = ("a ", "an ", "the ", "this ", "that ", "these ", "those ")
@@ -163,12 +163,20 @@ def read_manifest(params: ConceptsParams) -> pa.Table:
     path = params.manifest
     if not path.is_file():
         raise ConceptsError(f"manifest: {path} does not exist (run the captions stage first: dvc repro captions)")
-    names = pq.ParquetFile(path).schema_arrow.names
+    table = read_parquet(path)
+    names = table.column_names
     for column in ("key", "split", "shard", params.caption_field):
         if column not in names:
             raise ConceptsError(f"{path}: column {column!r} not found; the manifest has {names}")
-    table = pq.read_table(path)
     table = table.filter(pc.is_in(table["split"], value_set=pa.array(params.splits)))
+    for shard in set(table["shard"].to_pylist()):  # each names an output file: <split>/<name>, nothing else
+        parts = Path(str(shard)).parts
+        try:
+            [check_entry_name(part, f"{path}: shard") for part in parts]
+        except ValueError as err:
+            raise ConceptsError(str(err)) from None
+        if len(parts) != 2:
+            raise ConceptsError(f"{path}: shard {shard!r} is not <split>/<file name>")
     captions = table[params.caption_field]
     if not (pa.types.is_string(captions.type) or pa.types.is_large_string(captions.type)):
         for key, value in zip(table["key"].to_pylist(), captions.to_pylist()):
@@ -182,14 +190,15 @@ def output_path(params: ConceptsParams, shard: str) -> Path:
     return params.output_dir / Path(shard).with_suffix(".parquet")
 
 
-def write_shard(params: ConceptsParams, shard: str, keys: list[str], results: list[dict[str, Any]], seconds: float) -> None:
-    """One shard's phrases as Parquet (key, phrases), with its counts in the file's metadata."""
+def write_shard(params: ConceptsParams, shard: str, keys: list[str], results: list[dict[str, Any]]) -> None:
+    """One shard's phrases as Parquet (key, phrases), with its counts in the file's metadata — counts only,
+    never timings: the file is a function of its inputs, so a rebuild is byte-identical and DVC does not
+    see the train stage's input change."""
     counts = {
         "empty": sum(r["empty"] for r in results),
         "truncated": sum(r["truncated"] for r in results),
         "phrases_cut": sum(r["cut"] for r in results),
         "fallback": sum(r["fallback"] for r in results),
-        "seconds": round(seconds, 4),
     }
     table = pa.table({"key": pa.array(keys, pa.string()), "phrases": pa.array([r["phrases"] for r in results], pa.list_(pa.string()))})
     # per-shard counts travel in the file's own metadata, so stats survive a resumed run
@@ -220,10 +229,15 @@ class ConceptsPlan:
         return [self.rows[field][i] for i in self.shards[shard]]
 
 
-def plan(params: ConceptsParams) -> ConceptsPlan:
+def plan(params: ConceptsParams, nlp=None) -> ConceptsPlan:
     """Read the manifest, keep finished shards made by the same params and code (else start afresh), and
-    list the shards to parse. Used by :func:`run` and by the sharded flow (flows/sharded.py)."""
+    list the shards to parse. Used by :func:`run` and by the sharded flow (flows/sharded.py).
+
+    Everything is checked before any output is touched: the manifest, and the spaCy model (loaded here
+    unless the caller passes it), so a misspelt model name removes no finished shard."""
     manifest = read_manifest(params)
+    if nlp is None:
+        load_nlp(params)
     prepare_output(params)
     rows = manifest.select(["key", "shard", params.caption_field]).to_pydict()
     shards: dict[str, list[int]] = {}
@@ -235,9 +249,8 @@ def plan(params: ConceptsParams) -> ConceptsPlan:
 
 def extract_shard(nlp, params: ConceptsParams, shard: str, keys: list[str], texts: list[str | None]) -> int:
     """Parse one shard's captions in this process and write its output; returns the captions parsed."""
-    started = time.perf_counter()
     results = list(extract(nlp, texts, params, n_process=1))
-    write_shard(params, shard, keys, results, time.perf_counter() - started)
+    write_shard(params, shard, keys, results)
     return len(keys)
 
 
@@ -252,24 +265,21 @@ def complete(params: ConceptsParams, work: ConceptsPlan, nlp, extra: dict[str, A
 def run(params: ConceptsParams) -> dict[str, Any]:
     """Parse every unfinished shard (spaCy's worker processes over the whole stream), then write the stats.
     Returns the stats."""
-    work = plan(params)
+    nlp = load_nlp(params)
+    work = plan(params, nlp)
     shards, todo = work.shards, work.todo
     if len(todo) < len(shards):
         print(f"concepts: {len(shards) - len(todo)} of {len(shards)} shards already finished", file=sys.stderr)
 
     n_process = params.n_process or os.cpu_count() or 1
-    nlp = load_nlp(params)
     captions = (text for s in todo for text in work.texts(s, params.caption_field))
     total = sum(len(shards[s]) for s in todo)
     started = time.perf_counter()
     bar = tqdm(total=total, desc="concepts", unit="caption", file=sys.stderr, smoothing=0.1)
     results = extract(nlp, captions, params, n_process=n_process if total > params.batch_size else 1)
-    shard_start = started
     for shard in todo:
         shard_results = [next(results) for _ in shards[shard]]
-        now = time.perf_counter()
-        write_shard(params, shard, work.keys(shard), shard_results, now - shard_start)
-        shard_start = now
+        write_shard(params, shard, work.keys(shard), shard_results)
         bar.update(len(shards[shard]))
     if next(results, None) is not None:  # runs the stream to its end, which also stops spaCy's workers
         raise RuntimeError("spaCy returned more results than captions were sent")
@@ -282,14 +292,14 @@ def run(params: ConceptsParams) -> dict[str, Any]:
 
 def summarise(params: ConceptsParams, shards: list[str], nlp, manifest: pa.Table) -> dict[str, Any]:
     """Stats over every shard's output (finished in this run or an earlier one), plus phrase quality."""
-    counts = {"empty": 0, "truncated": 0, "phrases_cut": 0, "fallback": 0, "seconds": 0.0}
+    counts = {"empty": 0, "truncated": 0, "phrases_cut": 0, "fallback": 0}
     per_caption: list[int] = []
     known = manifest.filter(pc.invert(pc.is_null(manifest["object_phrases"]))) if "object_phrases" in manifest.column_names else None
     sample = known.slice(0, params.quality_samples) if known is not None and nlp is not None else None
     wanted = set(sample["key"].to_pylist()) if sample is not None else set()
     parsed: dict[str, list[str]] = {}  # the quality sample's phrases of caption_field, already in the outputs
     for shard in shards:
-        table = pq.read_table(output_path(params, shard))
+        table = read_parquet(output_path(params, shard))
         for k, v in json.loads(table.schema.metadata[b"c2lip_counts"]).items():
             counts[k] += v
         per_caption.extend(pc.list_value_length(table["phrases"]).to_pylist())
@@ -311,7 +321,6 @@ def summarise(params: ConceptsParams, shards: list[str], nlp, manifest: pa.Table
         "captions_truncated": counts["truncated"],
         "captions_fallback_to_caption": counts["fallback"],
         "phrases_cut_to_max_words": counts["phrases_cut"],
-        "captions_per_second": round(len(per_caption) / counts["seconds"], 1) if counts["seconds"] else None,
     }
     if sample is not None:
         quality = {}
@@ -330,10 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default=None, help="params YAML (default: params/concepts.yaml)")
     args = parser.parse_args(argv)
+    stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     try:
         params = load_params("concepts", args.params)
         stats = run(params)
-    except (ParamsError, ConceptsError) as err:
+    except (ParamsError, ConceptsError, CorruptFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps({k: stats[k] for k in ("captions", "phrases_per_caption", "run_captions_per_second")} | {"quality": stats.get("quality")}))

@@ -30,9 +30,12 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from components.shared.atomic import atomic_write_bytes, atomic_write_json
-from components.shared.checkpoints import EXPORT_CONFIG  # what our exports (and MLflow-registered models) hold
+from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json
+from components.shared.checkpoints import EXPORT_CONFIG, check_export  # what our exports (and MLflow-registered models) hold
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
+from components.shared.processes import stage_process_setup
+from components.shared.redact import redact
+from components.shared.safe_load import UnsafeCheckpointError, load_torch_file
 from components.shared.stage_code import stage_code
 from components.suite import formats
 from components.suite.report import bar_chart, flat_metrics, markdown_report
@@ -143,7 +146,7 @@ def resolve_model(spec: EvalModelSpec, download_dir: Path) -> tuple[str, Any]:
         try:
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(target)))
         except Exception as err:  # MLflow raises several types for an unknown name, alias or version
-            raise EvaluateError(f"model {spec.name!r}: cannot download {uri} from {default_tracking_uri()}: {err}") from None
+            raise EvaluateError(redact(f"model {spec.name!r}: cannot download {uri} from {default_tracking_uri()}: {err}")) from None
         export = _find_export(local)
         if export is None:
             raise EvaluateError(f"model {spec.name!r}: {uri} holds no {EXPORT_CONFIG} (not an open_clip export)")
@@ -182,7 +185,7 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
         state = load_file(str(path))
     else:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = load_torch_file(path)  # weights only: a crafted checkpoint runs no code
         for key in ("state_dict", "module", "model"):
             if isinstance(state, dict) and isinstance(state.get(key), dict):
                 state = state[key]
@@ -200,6 +203,7 @@ def load_model(kind: str, where: Any, spec: EvalModelSpec):
     from components.method import models  # registers our tiny configs (and their timm towers)
 
     if kind == "export":
+        check_export(Path(where))  # checksums and a readable safetensors file, else the file is named
         model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{where}")
         tokenizer = open_clip.get_tokenizer(f"local-dir:{where}")
     elif kind == "checkpoint":
@@ -376,11 +380,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default=None, help="params YAML (default: params/evaluate.yaml)")
     args = parser.parse_args(argv)
+    stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     try:
         params = load_params("evaluate", args.params)
         flat = run(params)
-    except (ParamsError, EvaluateError, formats.BenchmarkError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ParamsError, EvaluateError, formats.BenchmarkError, CorruptFileError, UnsafeCheckpointError) as err:
+        print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
     print(json.dumps({k: v for k, v in flat.items() if "/summary/" in k}))
     return 0

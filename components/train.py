@@ -34,7 +34,6 @@ import logging
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -48,15 +47,17 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from components.data.stream import TrainBatches, expand_shards, load_phrases
+from components.data.stream import TrainBatches, check_tar, expand_shards, load_phrases
 from components.method.methods import method_for
 from components.method.module import TrainingModule
 from components.method.optim import build_model, calibrate_logits, lr_factor, param_groups
-from components.shared.atomic import atomic_write_json, fingerprint
-from components.shared.checkpoints import EXPORT_CONFIG, HISTORY_FILE, RNG_FILE, export_model, latest_tag, save_checkpoint, set_rng_state
-from components.shared.distributed import deepspeed_config, launch, world_size_for
+from components.shared.atomic import CorruptFileError, atomic_write_json, fingerprint, remove_inside
+from components.shared.checkpoints import EXPORT_CONFIG, HISTORY_FILE, RNG_FILE, check_export, export_model, intact_checkpoint, save_checkpoint, set_rng_state
+from components.shared.distributed import deepspeed_config, launch, prepare_deepspeed_comm, world_size_for
 from components.shared.params import ParamsError, TrainParams, flatten_params, load_params
+from components.shared.processes import stage_process_setup
 from components.shared.reports import plot_losses
+from components.shared.safe_load import UnsafeCheckpointError, guard_deepspeed_loads, load_torch_file
 from components.shared.stage_code import stage_code
 from components.shared.tracking import use_experiment
 from components.suite.zero_shot_probe import ShapesWorldZeroShot
@@ -82,6 +83,10 @@ def preflight(params: TrainParams) -> dict[str, Any]:
     init = params.model.init
     if init != "scratch" and _looks_like_path(init) and not Path(init).exists():
         raise ParamsError(f"model.init: {init} does not exist (a checkpoint path, an open_clip tag, or 'scratch')")
+    if init != "scratch" and Path(init).is_dir():
+        check_export(Path(init))  # a truncated or changed init export is named here, not in a traceback
+    for shard in shards:
+        check_tar(shard)
     return config
 
 
@@ -145,6 +150,7 @@ def setup(params: TrainParams, stage: str) -> Run:
     import deepspeed
 
     cuda = torch.cuda.is_available()
+    prepare_deepspeed_comm(int(os.environ.get("WORLD_SIZE", 1)))
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -165,7 +171,14 @@ def setup(params: TrainParams, stage: str) -> Run:
     ckpt_dir = params.output_dir / "checkpoints"
     current = run_fingerprint(params, shards)
     fp_file = params.output_dir / "_fingerprint.json"
-    resuming = bool(latest_tag(ckpt_dir)) and fp_file.is_file() and json.loads(fp_file.read_text()).get("fingerprint") == current
+    same_run = fp_file.is_file() and json.loads(fp_file.read_text()).get("fingerprint") == current
+    resume_tag, damaged = intact_checkpoint(ckpt_dir) if same_run else (None, [])
+    if damaged and main:
+        log.warning("skipped damaged checkpoint(s): %s", "; ".join(damaged))
+    if same_run and damaged and resume_tag is None:
+        raise CorruptFileError(f"no intact checkpoint to resume from in {ckpt_dir}: {'; '.join(damaged)}. "
+                         f"Remove {ckpt_dir} to start this run afresh.")
+    resuming = resume_tag is not None
     if params.model.calibrate_logits and not resuming:  # a resumed run has its s and b in the checkpoint
         calibrate(model, params, shards, rank, world, transform_train, tokenizer, main)
     module = TrainingModule(model, method.make_loss(params.method, model), freeze_image_tower=method.freezes_image_tower(params.method))
@@ -175,22 +188,23 @@ def setup(params: TrainParams, stage: str) -> Run:
         optimizer, lambda step: lr_factor(step, params.steps, optim.warmup_steps, optim.min_lr_ratio)
     )
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    guard_deepspeed_loads(engine)  # resumed checkpoints load as weights only: a crafted file runs no code
 
     # resume, or start afresh when the checkpoints belong to other params
     start_step, resumed_figures = 0, {}
     if resuming:
-        _, client = engine.load_checkpoint(str(ckpt_dir))
+        _, client = engine.load_checkpoint(str(ckpt_dir), tag=resume_tag)
         start_step = int(client["step"])
         resumed_figures = client.get("figures", {})
-        rng_file = ckpt_dir / latest_tag(ckpt_dir) / RNG_FILE.format(rank=rank)
+        rng_file = ckpt_dir / resume_tag / RNG_FILE.format(rank=rank)
         if rng_file.is_file():
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(load_torch_file(rng_file))
         if main:
-            log.info("resumed from %s at step %d", ckpt_dir / latest_tag(ckpt_dir), start_step)
+            log.info("resumed from %s at step %d", ckpt_dir / resume_tag, start_step)
     elif main:
         if ckpt_dir.exists():
             log.info("checkpoints in %s belong to other params: starting afresh", ckpt_dir)
-            shutil.rmtree(ckpt_dir)
+            remove_inside(params.output_dir, ckpt_dir.name)
         atomic_write_json(fp_file, {"fingerprint": current})
     dist.barrier()
 
@@ -208,7 +222,7 @@ def setup(params: TrainParams, stage: str) -> Run:
     if main and start_step:
         tracker.set_tag("resumed_from_step", start_step)
     plot_points: list[dict] = []
-    history = ckpt_dir / str(latest_tag(ckpt_dir)) / HISTORY_FILE
+    history = ckpt_dir / str(resume_tag) / HISTORY_FILE
     if start_step and history.is_file():  # the curve of the steps before the kill (DVC removed the plots file)
         plot_points = [p for p in json.loads(history.read_text()) if p["step"] <= start_step]
     # a run resumed at its last step reports the figures its checkpoint recorded
@@ -325,18 +339,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=Path, default=Path("params/train.yaml"), help="params YAML (train.yaml, base.yaml, or a preset)")
     parser.add_argument("--stage", default=None, help="name recorded in MLflow (default: the params file's stem)")
     args = parser.parse_args(argv)
+    stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stage = args.stage or args.params.stem
     try:
         params = load_params("train", args.params)
         preflight(params)
-    except ParamsError as err:
+    except (ParamsError, CorruptFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     code = launch("components.train", ["--params", str(args.params), "--stage", stage], params.processes)
     if code is not None:  # the torchrun children did the work
         return code
-    train(params, stage)
+    try:
+        train(params, stage)
+    except (CorruptFileError, UnsafeCheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 import webdataset as wds
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
+from components.shared.atomic import CorruptFileError, read_parquet
 from components.shared.params import ParamsError
 
 
@@ -39,11 +39,27 @@ def expand_shards(patterns: list[str]) -> list[str]:
     return shards
 
 
+def check_tar(path: str) -> None:
+    """Read every member header of a shard: a truncated or non-tar shard is a CorruptFileError naming it
+    before training starts, not a traceback from a DataLoader worker mid-run."""
+    import tarfile
+
+    try:
+        with tarfile.open(path) as tar:
+            end = max((m.offset_data + m.size for m in tar), default=0)
+        with open(path, "rb") as f:  # tarfile reads a cut-off archive as a shorter one: its end marker says
+            f.seek(-(-end // 512) * 512)
+            if f.read(1024) != bytes(1024):
+                raise tarfile.ReadError("cut off: no end-of-archive marker after the last member")
+    except (tarfile.TarError, OSError, EOFError) as err:
+        raise CorruptFileError(f"{path}: not a readable tar shard ({err})") from None
+
+
 def load_phrases(concepts_dir: Path) -> dict[str, list[str]]:
     """key -> noun phrases, from the concepts stage's Parquet files."""
     phrases: dict[str, list[str]] = {}
     for path in sorted(Path(concepts_dir).glob("*.parquet")):
-        table = pq.read_table(path, columns=["key", "phrases"])
+        table = read_parquet(path, columns=["key", "phrases"])
         for key, items in zip(table.column("key").to_pylist(), table.column("phrases").to_pylist()):
             phrases[key] = list(items)
     return phrases

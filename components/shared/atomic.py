@@ -6,12 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from components.shared.params_base import ENTRY_NAME_PATTERN
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -51,18 +54,100 @@ def fingerprint(payload: Any, sources: list[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
+class CorruptFileError(ValueError):
+    """A file is unreadable, truncated, or does not match the checksum written with it."""
+
+
+ENTRY_NAME = re.compile(ENTRY_NAME_PATTERN)
+
+
+def check_entry_name(name: str, what: str) -> str:
+    """``name`` if it is a plain file or folder name (letters, digits, ``_.-``, not starting with a dot);
+    else a ValueError naming ``what`` — names from params become paths, and ``../x`` or ``.`` must not."""
+    if not isinstance(name, str) or not ENTRY_NAME.match(name) or name in (".", ".."):
+        raise ValueError(f"{what}: {name!r} is not a plain name (letters, digits, '_', '-', '.'; no '/', not '.' or '..')")
+    return name
+
+
+def remove_inside(root: Path, name: str) -> None:
+    """Remove ``root/name`` (file or folder), refusing anything that does not resolve to an entry strictly
+    inside ``root`` — the one way a stage deletes, so that no name (``..``, ``""``, ``.``, an absolute
+    path, a symlink out) makes it delete outside its own output folder or the folder itself."""
+    root = Path(root).resolve()
+    target = root / check_entry_name(name, f"{root}: entry to remove")
+    if target.is_symlink():
+        target.unlink()
+        return
+    resolved = target.resolve()
+    if resolved.parent != root:
+        raise ValueError(f"{target}: resolves to {resolved}, outside {root}; not removed")
+    if resolved.is_dir():
+        shutil.rmtree(resolved)
+    else:
+        resolved.unlink(missing_ok=True)
+
+
 def resume_or_restart(out_dir: Path, current: str, owned: list[str]) -> bool:
     """Keep ``out_dir``'s finished work if it was made with the same fingerprint, else remove the
     ``owned`` entries (only those: a user's directory may hold other things). Returns True when resuming."""
     out_dir = Path(out_dir)
+    for name in owned:  # every name checked before anything is removed
+        check_entry_name(name, f"{out_dir}: output entry")
     fp_path = out_dir / FINGERPRINT_FILE
     same = fp_path.is_file() and json.loads(fp_path.read_text()).get("fingerprint") == current
     if not same:
         for name in owned:
-            target = out_dir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            else:
-                target.unlink(missing_ok=True)
+            remove_inside(out_dir, name)
     atomic_write_json(fp_path, {"fingerprint": current})
     return same
+
+
+# --------------------------------------------------------------------------------------------------
+# checksums: written with each checkpoint and export, verified before either is loaded
+# --------------------------------------------------------------------------------------------------
+
+CHECKSUMS_FILE = "_checksums.json"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checksums(folder: Path) -> None:
+    """SHA256 of every file in ``folder`` (recursively) into ``folder/_checksums.json``, written last."""
+    folder = Path(folder)
+    sums = {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != CHECKSUMS_FILE and not p.name.endswith(".tmp")}
+    atomic_write_json(folder / CHECKSUMS_FILE, sums)
+
+
+def checksum_problem(folder: Path) -> str | None:
+    """None when every file ``folder/_checksums.json`` lists is there with its checksum; else what is wrong,
+    naming the file (a missing checksums file means the folder was never finished)."""
+    folder = Path(folder)
+    listing = folder / CHECKSUMS_FILE
+    if not listing.is_file():
+        return f"{listing}: missing (the folder was not finished)"
+    try:
+        sums = json.loads(listing.read_text())
+    except ValueError as err:
+        return f"{listing}: unreadable ({err})"
+    for name, expected in sums.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path}: missing"
+        if sha256_file(path) != expected:
+            return f"{path}: checksum mismatch (truncated or changed since it was written)"
+    return None
+
+
+def read_parquet(path: Path, **kwargs) -> pa.Table:
+    """``pq.read_table`` with a :class:`CorruptFileError` naming the file when it is not Parquet."""
+    try:
+        return pq.read_table(path, **kwargs)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise CorruptFileError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0][:200]})") from None

@@ -10,9 +10,9 @@ pointer never names an incomplete checkpoint. An export is ``open_clip_config.js
 from __future__ import annotations
 
 import io
+import json
 import os
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import numpy as np
 import open_clip
 import torch
 
-from components.shared.atomic import atomic_write_bytes, atomic_write_json
+from components.shared.atomic import CHECKSUMS_FILE, CorruptFileError, atomic_write_bytes, atomic_write_json, checksum_problem, remove_inside, write_checksums
 
 EXPORT_CONFIG = "open_clip_config.json"
 EXPORT_WEIGHTS = "open_clip_model.safetensors"
@@ -39,17 +39,25 @@ def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
     tags = sorted(p.name for p in ckpt_dir.glob("step*") if p.is_dir())
     for tag in tags[:-keep]:
         if tag != current:
-            shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
+            remove_inside(ckpt_dir, tag)
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+    """Every generator's state as tensors and plain values only, so that it loads with ``weights_only``
+    (a pickled numpy array would need numpy's reconstructor, i.e. code, to load)."""
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": {"version": version, "state": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(int(w) for w in py["state"].tolist()), py["gauss"]))
+    np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -67,8 +75,47 @@ def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, mai
     torch.save(rng_state(), buf)
     atomic_write_bytes(ckpt_dir / tag / RNG_FILE.format(rank=rank), buf.getvalue())
     engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step, "figures": figures or {}})
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()  # every rank's files are on disk before rank 0 sums them
     if main:
+        write_checksums(ckpt_dir / tag)  # last: a checkpoint without them is never resumed from
         prune_checkpoints(ckpt_dir, keep)
+
+
+def intact_checkpoint(ckpt_dir: Path) -> tuple[str | None, list[str]]:
+    """The newest checkpoint whose files all match the checksums written with it, and what is wrong with
+    each newer one (a kill between DeepSpeed's save and the checksums, a truncated or changed file): a
+    resumed run falls back to the last intact checkpoint instead of failing on the latest."""
+    problems = []
+    for tag in sorted((p.name for p in Path(ckpt_dir).glob("step*") if p.is_dir()), reverse=True):
+        problem = checksum_problem(Path(ckpt_dir) / tag)
+        if problem is None:
+            return tag, problems
+        problems.append(problem)
+    return None, problems
+
+
+def check_export(folder: Path) -> Path:
+    """``folder`` if it is a finished, intact export; else :class:`CorruptFileError` naming the file. The
+    checksums written with an export are verified when present (an export from elsewhere may lack them);
+    the weights must open as safetensors either way (a truncated file does not)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    for name in (EXPORT_CONFIG, EXPORT_WEIGHTS):
+        if not (folder / name).is_file():
+            raise CorruptFileError(f"{folder / name}: missing (not an open_clip export folder)")
+    if (folder / CHECKSUMS_FILE).is_file():
+        problem = checksum_problem(folder)
+        if problem:
+            raise CorruptFileError(problem)
+    try:
+        json.loads((folder / EXPORT_CONFIG).read_text())
+        with safe_open(str(folder / EXPORT_WEIGHTS), framework="pt") as weights:
+            weights.keys()
+    except Exception as err:  # safetensors and json raise their own error types
+        raise CorruptFileError(f"{folder}: unreadable export ({str(err).splitlines()[0][:200]})") from None
+    return folder
 
 
 def export_model(model: torch.nn.Module, name: str, out_dir: Path, dtype: str = "float32") -> Path:
@@ -80,7 +127,7 @@ def export_model(model: torch.nn.Module, name: str, out_dir: Path, dtype: str = 
 
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_inside(out_dir.parent, tmp.name)  # a killed export's leftovers
     tmp.mkdir(parents=True)
     model_cfg = open_clip.get_model_config(name)
     # the 1-dim logit scale/bias are a DeepSpeed need; open_clip reshapes them into a default model
@@ -90,6 +137,7 @@ def export_model(model: torch.nn.Module, name: str, out_dir: Path, dtype: str = 
     cast = getattr(torch, dtype)
     state = {k: (v.to(cast) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(tmp / EXPORT_WEIGHTS), metadata={"architecture": name})
-    shutil.rmtree(out_dir, ignore_errors=True)
+    write_checksums(tmp)  # last: an export without them was never finished
+    remove_inside(out_dir.parent, out_dir.name)
     os.replace(tmp, out_dir)
     return out_dir

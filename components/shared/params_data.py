@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from components.shared.params_base import CAPTION_FIELD_PATTERN, Strict
+from components.shared.params_base import CAPTION_FIELD_PATTERN, ENTRY_NAME_PATTERN, Strict
 
 # --------------------------------------------------------------------------------------------------
 # captions stage
@@ -107,6 +107,24 @@ class DownloadParams(Strict):
     backoff_s: float = Field(0.5, ge=0, description="Back-off factor: waits backoff_s * 2**(retry-1) seconds.")
     max_bytes: int = Field(20_000_000, ge=1024, description="Images larger than this many bytes are skipped.")
     user_agent: str = Field("c2lip/0.1 (+research)", description="User-Agent header sent with every request.")
+    deadline_s: float = Field(60.0, gt=0, description="Whole-download limit of one image, retries and redirects included: "
+                              "a server dripping bytes slower than timeout_s cannot hold a download longer.")
+    max_redirects: int = Field(5, ge=0, le=20, description="Redirects followed; each target is checked like the URL itself.")
+    allow_hosts: list[str] = Field(default_factory=list, description="Host names, addresses or networks (CIDR) fetched even "
+                                   "though they are not public (loopback, private, link-local): a team's own mirror. "
+                                   "Every other non-public address is refused.")
+
+    @model_validator(mode="after")
+    def _networks_parse(self):
+        import ipaddress
+
+        for entry in self.allow_hosts:
+            if "/" in entry:
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError as err:
+                    raise ValueError(f"allow_hosts: {entry!r} is not a network ({err})") from None
+        return self
 
 
 class TableSourceParams(Strict):
@@ -218,7 +236,9 @@ class ConceptsParams(Strict):
 
     manifest: Path = Field(Path("data/captions/manifest.parquet"), description="The captions stage's manifest.")
     caption_field: str = Field("long", pattern=CAPTION_FIELD_PATTERN, description="Manifest column whose captions are parsed.")
-    splits: list[str] = Field(default_factory=lambda: ["train"], min_length=1, description="Manifest splits processed.")
+    splits: list[Annotated[str, Field(pattern=ENTRY_NAME_PATTERN)]] = Field(
+        default_factory=lambda: ["train"], min_length=1,
+        description="Manifest splits processed; each names a folder of output_dir, so a plain name (no '/', not '.' or '..').")
     output_dir: Path = Field(Path("data/concepts"), description="Directory of the per-shard phrase files.")
     stats_path: Path = Field(Path("metrics/concepts.json"), description="Stats JSON (DVC metrics).")
     spacy_model: str = Field(
