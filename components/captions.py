@@ -36,6 +36,8 @@ from tqdm import tqdm
 from components.data.sources import RawSample, ShardPlan, Skip, SourceError, make_source
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
 from components.shared.params import CaptionsParams, ParamsError, load_params
+from components.shared.processes import stage_process_setup
+from components.shared.redact import redact
 from components.shared.reports import figure_png, pyplot
 from components.shared.stage_code import stage_code
 
@@ -79,7 +81,7 @@ def write_shard(params: CaptionsParams, plan: ShardPlan, samples: Iterable[RawSa
                 skipped[sample.reason] += 1
                 examples.setdefault(sample.reason, [])
                 if len(examples[sample.reason]) < SKIP_EXAMPLES and sample.detail:
-                    examples[sample.reason].append(sample.detail[:300])
+                    examples[sample.reason].append(redact(sample.detail)[:300])  # no credentials in the stats
                 continue
             # keys are stable: the position in the shard's input, whether or not earlier rows were skipped
             key = f"{plan.split}-{plan.index:06d}-{position:06d}"
@@ -251,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default=None, help="params YAML (default: params/captions.yaml)")
     args = parser.parse_args(argv)
+    stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     try:
         params = load_params("captions", args.params)
     except ParamsError as err:

@@ -13,19 +13,17 @@ import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-import requests
 from PIL import Image
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
 
 from components.data import shapesworld
-from components.shared.params import CaptionsParams, DownloadParams, TableSourceParams, WebDatasetSourceParams
+from components.data.download import Skip, download, make_session  # noqa: F401  (Skip: every source's row outcome)
+from components.shared.params import CaptionsParams, TableSourceParams, WebDatasetSourceParams
+from components.shared.redact import redact
 
 
 class SourceError(ValueError):
@@ -39,14 +37,6 @@ class RawSample:
     jpg: bytes
     captions: dict[str, str]
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Skip:
-    """A source row that could not be used, with the reason it is counted under."""
-
-    reason: str
-    detail: str = ""
 
 
 @dataclass
@@ -204,53 +194,6 @@ class WebDatasetSource:
 # --------------------------------------------------------------------------------------------------
 
 
-def make_session(cfg: DownloadParams) -> requests.Session:
-    """A requests session that retries connection errors and 429/5xx answers with exponential back-off."""
-    retry = Retry(
-        total=cfg.retries,
-        connect=cfg.retries,
-        read=cfg.retries,
-        status=cfg.retries,
-        backoff_factor=cfg.backoff_s,
-        status_forcelist=(429, 500, 502, 503, 504),
-        allowed_methods=frozenset({"GET"}),
-        raise_on_status=False,  # the last answer comes back and is counted as http_<status>
-        respect_retry_after_header=True,
-    )
-    session = requests.Session()
-    adapter = HTTPAdapter(max_retries=retry, pool_connections=cfg.concurrency, pool_maxsize=cfg.concurrency)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    session.headers["User-Agent"] = cfg.user_agent
-    return session
-
-
-def download(session: requests.Session, url: str, cfg: DownloadParams) -> bytes | Skip:
-    """GET ``url`` within the size cap; every failure becomes a :class:`Skip` with its reason."""
-    try:
-        with session.get(url, stream=True, timeout=cfg.timeout_s) as resp:
-            if resp.status_code != 200:
-                return Skip(f"http_{resp.status_code}", url)
-            length = resp.headers.get("Content-Length")
-            if length is not None and length.isdigit() and int(length) > cfg.max_bytes:
-                return Skip("too_large", f"{url}: Content-Length {length}")
-            chunks, received = [], 0
-            for chunk in resp.iter_content(chunk_size=65536):
-                received += len(chunk)
-                if received > cfg.max_bytes:
-                    return Skip("too_large", f"{url}: over {cfg.max_bytes} bytes")
-                chunks.append(chunk)
-            return b"".join(chunks)
-    except requests.Timeout:
-        return Skip("timeout", url)
-    except requests.exceptions.ConnectionError as err:
-        # urllib3 wraps read timeouts met while retrying in a ConnectionError
-        reason = "timeout" if "timed out" in str(err).lower() else "connection_error"
-        return Skip(reason, url)
-    except requests.RequestException as err:
-        return Skip("request_error", f"{url}: {type(err).__name__}")
-
-
 class TableSource:
     """Rows of a CSV/Parquet table, read ``chunk_rows`` at a time; shard i holds rows
     [i*shard_size, (i+1)*shard_size). Images are local paths or URLs fetched in parallel threads."""
@@ -278,8 +221,9 @@ class TableSource:
 
     def _open_csv(self, select: bool = True) -> pacsv.CSVStreamingReader:
         delimiter = self.cfg.delimiter or ("\t" if self.cfg.path.suffix.lower() == ".tsv" else ",")
-        # every column we read is text: a caption of digits must not become an int
-        convert = pacsv.ConvertOptions(column_types={c: pa.string() for c in self.columns})
+        # every column we read is text: a caption of digits must not become an int. Read as bytes and
+        # decoded per value (rows()): one caption in another encoding is a counted skip, not a failed stage
+        convert = pacsv.ConvertOptions(column_types={c: pa.binary() for c in self.columns})
         if select:
             convert.include_columns = self.columns
         return pacsv.open_csv(
@@ -297,10 +241,12 @@ class TableSource:
                 yield from reader
 
     def rows(self) -> Iterator[dict[str, Any]]:
-        """Every row as a dict of the columns we read, streamed chunk by chunk."""
+        """Every row as a dict of the columns we read, streamed chunk by chunk; text that is not UTF-8
+        becomes :data:`UNDECODABLE` (the row is skipped and counted, :meth:`_convert`)."""
         for batch in self._batches():
             for start in range(0, batch.num_rows, self.cfg.chunk_rows):
-                yield from batch.slice(start, self.cfg.chunk_rows).to_pylist()
+                for row in batch.slice(start, self.cfg.chunk_rows).to_pylist():
+                    yield {k: _text(v) for k, v in row.items()}
 
     def plan(self) -> list[ShardPlan]:
         # Counting rows streams the table once (cheap next to downloading); Parquet knows its count.
@@ -339,7 +285,10 @@ class TableSource:
         finally:
             session.close()
 
-    def _convert(self, session: requests.Session, row: dict[str, Any]) -> RawSample | Skip:
+    def _convert(self, session, row: dict[str, Any]) -> RawSample | Skip:
+        undecodable = [col for col in self.columns if row.get(col) is UNDECODABLE]
+        if undecodable:
+            return Skip("undecodable_text", f"column(s) {undecodable} are not UTF-8 text")
         location = row.get(self.cfg.image_column)
         raw = {name: row.get(col) for name, col in self.cfg.caption_columns.items()}
         captions = clean_captions(raw, self.params.caption_field)
@@ -357,17 +306,37 @@ class TableSource:
         jpg = validate_image(data)
         if isinstance(jpg, Skip):
             return Skip(jpg.reason, f"{location}: {jpg.detail}")
-        return RawSample(jpg, captions, {"source": "table", "image": location})
+        return RawSample(jpg, captions, {"source": "table", "image": redact(location)})
 
     def _read_local(self, location: str) -> bytes | Skip:
-        path = Path(location)
-        if not path.is_absolute():
-            path = self.root / path
+        """A path relative to ``image_root`` (or the table's folder); one that leads outside it (absolute,
+        ``../``, a symlink out) is refused: a table must not make the stage read the machine's files."""
+        root = self.root.resolve()
+        path = (root / location).resolve()
+        if not path.is_relative_to(root):
+            return Skip("outside_image_root", f"{location}: outside {root}")
         if not path.is_file():
             return Skip("missing_file", str(path))
         if path.stat().st_size > self.cfg.download.max_bytes:
             return Skip("too_large", str(path))
         return path.read_bytes()
+
+
+class _Undecodable:
+    def __repr__(self) -> str:
+        return "<not UTF-8>"
+
+
+UNDECODABLE = _Undecodable()
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return UNDECODABLE
+    return value
 
 
 def make_source(params: CaptionsParams) -> ShapesWorldSource | WebDatasetSource | TableSource:

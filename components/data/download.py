@@ -1,0 +1,127 @@
+"""Fetching one image URL for the table source: retries with back-off, a size cap, a whole-download
+deadline, and only public addresses (redirect targets included) unless ``download.allow_hosts`` names a
+team's own mirror. Every failure is a counted :class:`~components.data.sources.Skip`, never an exception."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from components.shared.params import DownloadParams
+
+
+@dataclass
+class Skip:
+    """A source row that could not be used, with the reason it is counted under (defined here, where
+    most reasons arise; every source uses it)."""
+
+    reason: str
+    detail: str = ""
+
+
+def make_session(cfg: DownloadParams) -> requests.Session:
+    """A requests session that retries connection errors and 429/5xx answers with exponential back-off."""
+    retry = Retry(
+        total=cfg.retries,
+        connect=cfg.retries,
+        read=cfg.retries,
+        status=cfg.retries,
+        backoff_factor=cfg.backoff_s,
+        status_forcelist=(429, 500, 502, 503, 504),
+        allowed_methods=frozenset({"GET"}),
+        raise_on_status=False,  # the last answer comes back and is counted as http_<status>
+        respect_retry_after_header=True,
+    )
+    session = requests.Session()
+    adapter = HTTPAdapter(max_retries=retry, pool_connections=cfg.concurrency, pool_maxsize=cfg.concurrency)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.headers["User-Agent"] = cfg.user_agent
+    return session
+
+
+def refused_address(url: str, cfg: DownloadParams) -> str | None:
+    """Why ``url`` must not be fetched, or None. Only http(s) to public addresses: a host whose name resolves
+    to a loopback, private, link-local, multicast or reserved address is refused (a table must not make the
+    stage read this machine's or its network's services), unless ``allow_hosts`` names it."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"not an http(s) URL ({parts.scheme or 'no scheme'})"
+    host = parts.hostname
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    except (socket.gaierror, ValueError, UnicodeError) as err:
+        return f"{host} does not resolve ({err})"
+    for text in sorted(addresses):
+        address = ipaddress.ip_address(text.split("%")[0])
+        if address.is_global or _allowed(host, address, cfg.allow_hosts):
+            continue
+        return f"{host} is {address}, not a public address (download.allow_hosts admits a mirror)"
+    return None
+
+
+def _allowed(host: str, address, allow_hosts: list[str]) -> bool:
+    for entry in allow_hosts:
+        if entry.lower() == host.lower():
+            return True
+        try:
+            if address in ipaddress.ip_network(entry, strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def download(session: requests.Session, url: str, cfg: DownloadParams) -> bytes | Skip:
+    """GET ``url`` within the size cap and the whole-download deadline, following redirects only to
+    addresses :func:`refused_address` accepts; every failure becomes a :class:`Skip` with its reason."""
+    deadline = time.monotonic() + cfg.deadline_s
+    try:
+        for _ in range(cfg.max_redirects + 1):
+            refused = refused_address(url, cfg)
+            if refused:
+                return Skip("refused_address", f"{url}: {refused}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return Skip("deadline", f"{url}: over {cfg.deadline_s} s")
+            with session.get(url, stream=True, timeout=min(cfg.timeout_s, remaining), allow_redirects=False) as resp:
+                if resp.is_redirect:
+                    url = urljoin(url, resp.headers["Location"])
+                    continue
+                return _read_body(resp, url, cfg, deadline)
+        return Skip("too_many_redirects", url)
+    except requests.Timeout:
+        return Skip("timeout", url)
+    except requests.exceptions.ConnectionError as err:
+        # urllib3 wraps read timeouts met while retrying in a ConnectionError
+        reason = "timeout" if "timed out" in str(err).lower() else "connection_error"
+        return Skip(reason, url)
+    except requests.RequestException as err:
+        return Skip("request_error", f"{url}: {type(err).__name__}")
+
+
+def _read_body(resp: requests.Response, url: str, cfg: DownloadParams, deadline: float) -> bytes | Skip:
+    if resp.status_code != 200:
+        return Skip(f"http_{resp.status_code}", url)
+    length = resp.headers.get("Content-Length")
+    if length is not None and length.isdigit() and int(length) > cfg.max_bytes:
+        return Skip("too_large", f"{url}: Content-Length {length}")
+    chunks, received = [], 0
+    while True:
+        if time.monotonic() > deadline:  # read1 returns what has arrived, so a dripping server is checked often
+            return Skip("deadline", f"{url}: over {cfg.deadline_s} s")
+        chunk = resp.raw.read1(65536, decode_content=True)
+        if not chunk:
+            return b"".join(chunks)
+        received += len(chunk)
+        if received > cfg.max_bytes:
+            return Skip("too_large", f"{url}: over {cfg.max_bytes} bytes")
+        chunks.append(chunk)
