@@ -33,6 +33,7 @@ from tqdm import tqdm
 from components.data.shapesworld_grammar import parse_object_phrase
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
 from components.shared.params import ROOT, SHAPESWORLD_SUITE, CompareParams, EvaluateParams, ParamsError, TrainParams, deep_merge, load_params, read_yaml, validate_params
+from components.shared.processes import stage_process_setup
 from components.shared.stage_code import stage_code
 from components.suite.compare_report import aggregate, chart, markdown
 from components.suite.formats import BenchmarkError
@@ -375,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=Path, default=Path("params/compare.yaml"), help="params YAML")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the comparison run to MLflow")
     args = parser.parse_args(argv)
+    stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     try:
         params = load_params("compare", args.params)
         summary = run(params, log_mlflow=not args.no_mlflow)

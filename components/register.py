@@ -24,6 +24,8 @@ import yaml
 
 from components.shared.checkpoints import EXPORT_CONFIG
 from components.shared.params import ROOT, ParamsError, RegistryParams, load_params
+from components.shared.processes import stage_process_setup
+from components.shared.redact import redact
 
 SUMMARY_KEYS = ("compositional", "zero_shot", "retrieval")
 
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default=None, help="params YAML (default: params/registry.yaml)")
     parser.add_argument("--promote", metavar="VERSION_OR_ALIAS", default=None, help="promote instead of register")
     args = parser.parse_args(argv)
+    stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     try:
         params = load_params("registry", args.params)
         if args.promote:
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             version = register(params)
             print(json.dumps({"model": params.model_name, "version": str(version.version), "aliases": list(version.aliases)}))
     except (ParamsError, RegistryError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
     return 0
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -34,6 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_params
 from components.shared.params import STAGES as PARAM_MODELS
+from components.shared.processes import die_with_parent, mark_run
+from components.shared.redact import redact
 from flows.workspace import params_overridden, resolve_overrides, workspace_lock
 
 PROGRESS = re.compile(r"\d+%\|")
@@ -94,20 +97,26 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _dvc_dies_with_the_flow() -> None:
+    die_with_parent(signal.SIGTERM)
+
+
 def run_command(args: list[str], cwd: Path = ROOT) -> str:
     """Run a command, streaming its output into the flow's log; raise with its tail when it fails."""
     logger = get_run_logger()
     logger.info("$ %s", " ".join(args))
-    proc = subprocess.Popen(args, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    # dvc dies with the flow (and the stage under it with dvc, components.shared.processes), however the flow ends
+    proc = subprocess.Popen(args, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            preexec_fn=_dvc_dies_with_the_flow)
     lines = []
     for line in proc.stdout:
         line = line.rstrip()
         lines.append(line)
         # tqdm redraws its bar with \r, which text mode turns into new lines: log only a finished bar
         if line and (not PROGRESS.search(line) or "100%|" in line):
-            logger.info(line)
+            logger.info(redact(line))
     if proc.wait():
-        tail = "\n".join(lines[-30:])
+        tail = redact("\n".join(lines[-30:]))
         raise RuntimeError(f"`{' '.join(args)}` failed with exit code {proc.returncode}:\n{tail}")
     return "\n".join(lines)
 
@@ -266,7 +275,7 @@ def where_results_are(result: dict[str, Any]) -> str:
     from components.shared.tracking import default_tracking_uri
 
     registered = result.get("registered")
-    db = default_tracking_uri()
+    db = redact(default_tracking_uri())
     return "\n".join([
         f"benchmark report:   {ROOT / 'reports' / 'benchmarks.md'} (chart: reports/benchmarks.png)",
         f"metrics:            {ROOT / 'reports' / 'metrics.json'} (dvc metrics show)",
@@ -277,7 +286,13 @@ def where_results_are(result: dict[str, Any]) -> str:
     ])
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds the flow: params put back, lock released, Prefect's server stopped
+
+
 if __name__ == "__main__":
+    mark_run()  # before Prefect starts its server: every process of this run carries the id
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if sys.argv[1:] == ["compare"]:  # make compare
         outcome = compare_methods()
         print(f"\ncomparison report: {ROOT / 'reports' / 'compare.md'} (chart: reports/compare.png); took {outcome['seconds']} s")

@@ -8,10 +8,12 @@ a kill, so a crashed run never blocks the next one.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +21,11 @@ from typing import Any
 
 import yaml
 
-from components.shared.atomic import atomic_write_bytes
-from components.shared.params import deep_merge, validate_params
-
-LOCK_NAME = ".c2lip-run.lock"
+from components.shared.atomic import atomic_write_bytes, atomic_write_json
+from components.shared.params import deep_merge, read_yaml, validate_params
+from components.shared.params_base import OVERRIDES_JOURNAL
+from components.shared.params_base import RUN_LOCK as LOCK_NAME
+from components.shared.processes import RUN_ENV, mark_run, reap
 
 
 class WorkspaceBusy(RuntimeError):
@@ -32,7 +35,11 @@ class WorkspaceBusy(RuntimeError):
 @contextlib.contextmanager
 def workspace_lock(root: Path, owner: str, wait_s: float = 0.0, poll_s: float = 1.0) -> Iterator[None]:
     """Hold the workspace's run lock; wait up to ``wait_s`` seconds for it, then raise :class:`WorkspaceBusy`
-    naming the holder."""
+    naming the holder.
+
+    Taking the lock also clears up after a holder that was killed (its record is still in the file): its
+    leftover processes (any process carrying its run id, :mod:`components.shared.processes`) are ended,
+    and params files it left overridden are put back."""
     path = Path(root) / LOCK_NAME
     handle = open(path, "a+")
     deadline = time.monotonic() + wait_s
@@ -50,8 +57,13 @@ def workspace_lock(root: Path, owner: str, wait_s: float = 0.0, poll_s: float = 
             time.sleep(poll_s)
     try:
         handle.seek(0)
+        reap_dead_holder(handle.read())
+        restored = restore_interrupted_overrides(root)  # the lock is ours: a journal left is a dead run's
+        if restored:
+            print(f"c2lip: put back {', '.join(restored)}, left overridden by an interrupted run", flush=True)
+        handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps({"owner": owner, "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        handle.write(json.dumps({"owner": owner, "pid": os.getpid(), "run_id": mark_run(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
         handle.flush()
         yield
     finally:
@@ -69,21 +81,58 @@ def resolve_overrides(root: Path, overrides: dict[str, dict[str, Any]]) -> dict[
         if not changes:
             continue
         path = Path(root) / "params" / f"{stage}.yaml"
-        base = yaml.safe_load(path.read_text()) or {}
+        base = read_yaml(path)
         data = deep_merge(base, changes)
         validate_params(stage, data, f"{path} + overrides")
         merged[stage] = data
     return merged
 
 
+def reap_dead_holder(record: str) -> list[int]:
+    """End the leftover processes of the run recorded in the lock file (a clean exit empties the record, so
+    one left there is a killed run's); returns their pids."""
+    try:
+        holder = json.loads(record) if record.strip() else {}
+    except ValueError:
+        return []
+    run_id = holder.get("run_id")
+    if not run_id or run_id == os.environ.get(RUN_ENV):
+        return []
+    pids = reap(run_id)
+    if pids:
+        print(f"c2lip: ended {len(pids)} leftover process(es) of the killed run {holder.get('owner')!r}: {pids}", flush=True)
+    return pids
+
+
+def restore_interrupted_overrides(root: Path) -> list[str]:
+    """Put back the params files a killed run left overridden (from the journal it wrote before changing
+    them), byte for byte, and remove the journal. Returns the files restored. Call it holding the lock."""
+    journal = Path(root) / OVERRIDES_JOURNAL
+    if not journal.is_file():
+        return []
+    originals = json.loads(journal.read_text())
+    for name, content in originals.items():
+        atomic_write_bytes(Path(root) / name, base64.b64decode(content))
+    journal.unlink()
+    return sorted(originals)
+
+
 @contextlib.contextmanager
 def params_overridden(root: Path, merged: dict[str, dict[str, Any]]) -> Iterator[list[Path]]:
-    """Write the merged params files for the duration of the block, then put the originals back byte for byte."""
-    originals: dict[Path, bytes] = {}
+    """Write the merged params files for the duration of the block, then put the originals back byte for byte.
+
+    The originals go to a journal (``.c2lip-params-journal.json``) before any file changes, so that a run
+    killed mid-way (kill -9, power) cannot leave the overrides behind: the next run restores them when it
+    takes the lock, and a stage started by hand meanwhile refuses to read them (params.load_params)."""
+    root = Path(root)
+    paths = {stage: root / "params" / f"{stage}.yaml" for stage in merged}
+    originals = {path: path.read_bytes() for path in paths.values()}
+    journal = root / OVERRIDES_JOURNAL
+    if originals:
+        atomic_write_json(journal, {str(p.relative_to(root)): base64.b64encode(c).decode() for p, c in originals.items()})
     try:
         for stage, data in merged.items():
-            path = Path(root) / "params" / f"{stage}.yaml"
-            originals[path] = path.read_bytes()
+            path = paths[stage]
             header = "".join(line + "\n" for line in originals[path].decode().splitlines() if line.startswith("#"))
             atomic_write_bytes(path, (header + "# (a c2lip flow run's overrides are applied below)\n"
                                       + yaml.safe_dump(data, sort_keys=False)).encode())
@@ -91,4 +140,29 @@ def params_overridden(root: Path, merged: dict[str, dict[str, Any]]) -> Iterator
     finally:
         for path, content in originals.items():
             atomic_write_bytes(path, content)
+        journal.unlink(missing_ok=True)
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from components.shared.params import ROOT
+
+    parser = argparse.ArgumentParser(description="The workspace of c2lip flow runs.")
+    parser.add_argument("--restore", action="store_true", help="put back params files an interrupted run left overridden")
+    args = parser.parse_args(argv)
+    if not args.restore:
+        parser.print_help()
+        return 0
+    try:
+        with workspace_lock(ROOT, "python -m flows.workspace --restore"):
+            pass  # taking the lock restores them
+    except WorkspaceBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

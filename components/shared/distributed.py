@@ -3,6 +3,7 @@ launcher that re-starts a multi-process run under torchrun."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -63,6 +64,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def prepare_deepspeed_comm(world: int) -> None:
+    """DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce op (``shm_comm``) in every process
+    that initialises it: on a fresh machine four runs started side by side each waited minutes on that one
+    compile. A one-process world reduces nothing, so it skips the op; a many-process launch builds it once
+    here, in the launcher, before the ranks start (they then load the cached build)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return  # NCCL: no shm op
+    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")  # (deepspeed.comm.torch, the attribute, is torch itself)
+
+    if world == 1:
+        ds_torch_comm.build_shm_op = lambda: None  # DeepSpeed's own code path for "op unavailable"
+    else:
+        ds_torch_comm.build_shm_op()
+
+
 def launch(module: str, args: list[str], processes: int) -> int | None:
     """Not under a launcher: with ``processes > 1`` run ``python -m <module> <args>`` under torchrun and
     return its exit code; with one process set the environment of a one-rank world and return None
@@ -70,6 +88,7 @@ def launch(module: str, args: list[str], processes: int) -> int | None:
     if "WORLD_SIZE" in os.environ:
         return None
     if processes > 1:
+        prepare_deepspeed_comm(processes)  # compiled once, before the ranks fan out
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
                    "-m", module, *args]
         return subprocess.call(command)

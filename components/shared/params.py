@@ -13,6 +13,7 @@ checks that it never disagrees with them (base.yaml and the presets are variants
 from __future__ import annotations
 
 import copy
+import fcntl
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 # the schema, by stage, re-exported here: stages import every params name from this module
-from components.shared.params_base import PARAMS_DIR, ROOT, SHAPESWORLD_SUITE, SHAPESWORLD_ZERO_SHOT_TEMPLATES, ParamsError, Strict  # noqa: F401
+from components.shared.params_base import OVERRIDES_JOURNAL, PARAMS_DIR, ROOT, RUN_LOCK, SHAPESWORLD_SUITE, SHAPESWORLD_ZERO_SHOT_TEMPLATES, ParamsError, Strict  # noqa: F401
 from components.shared.params_data import CaptionsParams, ConceptsParams, DownloadParams, PhraseRules, ShapesWorldParams, TableSourceParams, WebDatasetSourceParams  # noqa: F401
 from components.shared.params_eval import (  # noqa: F401
     AroParams,
@@ -66,14 +67,36 @@ def _format_error(path: Path, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key].start_mark.line + 1})", key_node.start_mark)
+            seen[key] = key_node
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path | str) -> Any:
-    """A params YAML's data (an empty file is an empty mapping); a missing file or bad YAML is a ParamsError."""
+    """A params YAML's data. A missing file, bad YAML, a key given twice, or a file with no document at all
+    (empty or only comments: a truncated or wrong file, which would otherwise run on every default) is a
+    ParamsError naming the file; ``{}`` states "all defaults" explicitly."""
     if not Path(path).is_file():
         raise ParamsError(f"{path}: params file not found")
     try:
-        return yaml.safe_load(Path(path).read_text()) or {}
+        text = Path(path).read_text()
+        data = yaml.load(text, Loader=_StrictLoader)
+    except UnicodeDecodeError as err:
+        raise ParamsError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except yaml.YAMLError as err:
         raise ParamsError(f"{path}: not valid YAML: {err}") from None
+    if data is None:
+        raise ParamsError(f"{path}: no params in the file (empty or only comments); write `{{}}` to run on every default")
+    return data
 
 
 def deep_merge(base: dict, change: dict) -> dict:
@@ -101,7 +124,24 @@ def validate_params(stage: str, data: Any, source: Path | str = "<params>") -> S
 def load_params(stage: str, path: Path | str | None = None) -> Strict:
     """Read and validate ``params/<stage>.yaml`` (or ``path``) before any work is done."""
     path = Path(path) if path is not None else PARAMS_DIR / f"{stage}.yaml"
+    _refuse_interrupted_overrides(path)
     return validate_params(stage, read_yaml(path), path)
+
+
+def _refuse_interrupted_overrides(path: Path) -> None:
+    """A flow run journals the params files it overrides; when the journal is there but no run holds the
+    workspace lock, the run was killed and ``params/`` still holds its overrides: refuse to use them."""
+    journal = ROOT / OVERRIDES_JOURNAL
+    if not journal.is_file() or Path(path).resolve().parent != PARAMS_DIR.resolve():
+        return
+    with open(ROOT / RUN_LOCK, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a live flow run applied them: this stage is part of it
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    raise ParamsError(f"{path}: params/ still holds the overrides of an interrupted flow run (originals in {journal}); "
+                      "`python -m flows.workspace --restore` puts them back (any flow run does it first)")
 
 
 def flatten_params(model: BaseModel, prefix: str = "") -> dict[str, str]:
