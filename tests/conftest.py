@@ -103,6 +103,7 @@ def make_clone(tmp_path: Path, train_steps: int = 2) -> tuple[Path, dict]:
         (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name, **({"ignore": shutil.ignore_patterns("checkpoints", "__pycache__")} if src.is_dir() else {}))
     for leftover in ("tmp", "cache"):
         shutil.rmtree(work / ".dvc" / leftover, ignore_errors=True)
+    (work / ".venv").symlink_to(REPO / ".venv")  # dvc.yaml runs .venv/bin/python, as in a checkout `make` set up
     params = yaml.safe_load((work / "params" / "captions.yaml").read_text())
     params["shapesworld"].update(train_images=40, test_images=10)
     params["shard_size"] = 20
@@ -118,3 +119,32 @@ def make_clone(tmp_path: Path, train_steps: int = 2) -> tuple[Path, dict]:
     subprocess.run([*git, "add", "-A"], cwd=work, check=True)
     subprocess.run([*git, "commit", "-qm", "init"], cwd=work, check=True)
     return work, env
+
+
+def concepts_manifest(tmp_path, captions, shard_size=4, object_phrases=None, caption_type=None):
+    """A captions manifest of ``captions`` (split train, ``shard_size`` rows per shard) as the concepts stage reads it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = len(captions)
+    table = pa.table({
+        "key": [f"k{i:04d}" for i in range(n)],
+        "split": ["train"] * n,
+        "shard": [f"train/shard-{i // shard_size:06d}.tar" for i in range(n)],
+        "long": pa.array(captions, caption_type or pa.string()),
+        "object_phrases": pa.array(object_phrases or [None] * n, pa.list_(pa.string())),
+    })
+    path = tmp_path / "manifest.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+def sentences(n: int) -> list[str]:
+    """``n`` varied two-object sentences for the concepts stage."""
+    words = ["red", "blue", "green", "small", "large", "wooden", "old", "shiny"]
+    nouns = ["ball", "table", "dog", "cat", "house", "car", "tree", "lamp", "book", "cup"]
+    return [
+        f"A {words[i % 8]} {nouns[i % 10]} stands near the {words[(i * 3) % 8]} {nouns[(i * 7) % 10]}, "
+        f"and a {words[(i * 5) % 8]} {nouns[(i + 3) % 10]} lies behind it."
+        for i in range(n)
+    ]

@@ -198,7 +198,8 @@ def _table_params(tmp_path, path):
         tmp_path, source="table", caption_field="long", shard_size=4,
         table={
             "path": str(path), "chunk_rows": 3,
-            "download": {"concurrency": 4, "timeout_s": 0.5, "retries": 2, "backoff_s": 0.01, "max_bytes": 4096},
+            "download": {"concurrency": 4, "timeout_s": 0.5, "retries": 2, "backoff_s": 0.01, "max_bytes": 4096,
+                         "allow_hosts": ["127.0.0.1"]},  # the test server: loopback is refused by default
         },
     )
 
