@@ -16,6 +16,11 @@ for _key, _value in {
 }.items():
     os.environ.setdefault(_key, _value)
 
+# Under pytest-xdist (make test runs 2+ workers) each worker gets its own Prefect home: the ephemeral API
+# server of the in-process flow tests keeps a SQLite database there, which two workers must not share.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["PREFECT_HOME"] = str(Path(__file__).resolve().parent.parent / ".prefect" / f"test-{os.environ['PYTEST_XDIST_WORKER']}")
+
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,3 +153,29 @@ def sentences(n: int) -> list[str]:
         f"and a {words[(i * 5) % 8]} {nouns[(i + 3) % 10]} lies behind it."
         for i in range(n)
     ]
+
+
+@pytest.fixture(scope="session")
+def reproduced_clone(tmp_path_factory) -> tuple[Path, dict]:
+    """One fresh clone (tiny params) after a first `dvc repro` of every stage, made once per session: the
+    end-to-end tests start from copies of it (:func:`copy_clone`) instead of each reproducing the pipeline."""
+    import subprocess
+
+    root = tmp_path_factory.mktemp("reproduced")
+    work, env = make_clone(root)
+    first = subprocess.run(["dvc", "repro"], cwd=work, env=env, capture_output=True, text=True, timeout=HANG_S)
+    assert first.returncode == 0, first.stderr + first.stdout
+    (root / "first_repro.log").write_text(first.stdout)
+    return work, env
+
+
+def copy_clone(clone: tuple[Path, dict], tmp_path: Path) -> tuple[Path, dict]:
+    """A copy of a clone (its git history, DVC cache and outputs) under ``tmp_path``, with its own MLflow store."""
+    import shutil
+
+    source, env = clone
+    work = tmp_path / "repo"
+    shutil.copytree(source, work, symlinks=True)
+    shutil.rmtree(work / ".dvc" / "tmp", ignore_errors=True)  # DVC's locks and state db belong to the original
+    env = {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "C2LIP_MLFLOW_ARTIFACTS": str(tmp_path / "artifacts")}
+    return work, env

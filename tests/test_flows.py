@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import HANG_S, REPO, make_clone
+from conftest import HANG_S, REPO, copy_clone
 
 import flows.c2lip as c2lip_flows
 from components.shared.params import ParamsError
@@ -68,12 +68,13 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_deployments_on_a_real_prefect_server(tmp_path):
-    """A Prefect server on 127.0.0.1 (temporary PREFECT_HOME), the deployments served from a fresh clone,
-    then `prefect deployment run`: a run refused while another holds the workspace, a full run with an
-    override (waited to COMPLETED; params files untouched; a DVC experiment; a registered challenger),
-    and a promotion."""
-    work, env = make_clone(tmp_path)
+@pytest.mark.xdist_group("reproduced_clone")  # one worker builds the shared clone once
+def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
+    """A Prefect server on 127.0.0.1 (temporary PREFECT_HOME), the deployments served from a clone (whose
+    data stages DVC already ran), then `prefect deployment run`: a run refused while another holds the
+    workspace, a full run with an override (waited to COMPLETED; params files untouched; a DVC
+    experiment; a registered challenger), and a promotion."""
+    work, env = copy_clone(reproduced_clone, tmp_path)
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=api, PREFECT_SERVER_ANALYTICS_ENABLED="false",
