@@ -40,11 +40,11 @@ compare: $(STAMP)
 serve: $(STAMP)
 	infra/serve.sh
 
-# The suite runs on up to 4 pytest-xdist workers (2 on a 2-core machine); the two tests that share one
-# reproduced clone run on the same worker (--dist loadgroup). `python -m pytest` alone runs it serially.
+# The suite runs on up to 4 pytest-xdist workers (2 on a 2-core machine), a test file per worker at a time
+# (--dist loadfile: tests/test_end_to_end.py's tests share one reproduced clone). `python -m pytest` runs it serially.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP)
-	python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 install: $(STAMP)
 

@@ -1,17 +1,12 @@
 """The Prefect flow c2lip: overrides, the workspace lock, and the deployments on a real Prefect server."""
 
-import csv
-import io
-import json
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 import yaml
-from conftest import HANG_S, REPO, copy_clone
+from conftest import REPO
 
 import flows.c2lip as c2lip_flows
 from components.shared.params import ParamsError
@@ -59,103 +54,6 @@ def test_workspace_lock_refuses_a_second_run_naming_the_first_and_can_wait(tmp_p
         waited = time.monotonic() - started
     assert 0.5 < waited < 30
     holder.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("reproduced_clone")  # one worker builds the shared clone once
-def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
-    """A Prefect server on 127.0.0.1 (temporary PREFECT_HOME), the deployments served from a clone (whose
-    data stages DVC already ran), then `prefect deployment run`: a run refused while another holds the
-    workspace, a full run with an override (waited to COMPLETED; params files untouched; a DVC
-    experiment; a registered challenger), and a promotion."""
-    work, env = copy_clone(reproduced_clone, tmp_path)
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=api, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_UI_ENABLED="false")
-    prefect = str(REPO / ".venv" / "bin" / "prefect") if (REPO / ".venv" / "bin" / "prefect").exists() else "prefect"
-    server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                              stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT)
-    served = None
-    try:
-        deadline = time.time() + HANG_S
-        while True:
-            try:
-                urllib.request.urlopen(f"{api}/health", timeout=2)
-                break
-            except OSError:
-                assert time.time() < deadline and server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-                time.sleep(1)
-        served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=work, env=env,
-                                  stdout=open(tmp_path / "serve.log", "w"), stderr=subprocess.STDOUT)
-
-        def deployment_run(name: str, *params: str) -> subprocess.CompletedProcess:
-            deadline = time.time() + HANG_S
-            while True:  # the served deployments appear once flows.serve has registered them
-                listed = subprocess.run([prefect, "deployment", "ls"], env=env, capture_output=True, text=True)
-                if name.split("/")[1] in listed.stdout:
-                    break
-                assert time.time() < deadline and served.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-                time.sleep(1)
-            args = [prefect, "deployment", "run", name, "--watch", "--watch-timeout", str(HANG_S)]
-            for p in params:
-                args += ["--param", p]
-            return subprocess.run(args, env=env, capture_output=True, text=True, timeout=HANG_S + 60)
-
-        params_before = {p.name: p.read_bytes() for p in (work / "params").glob("*.yaml")}
-        with workspace.workspace_lock(work, "the test, pretending to be a running full flow"):
-            refused = deployment_run("c2lip/full")
-        assert refused.returncode != 0
-        assert "another c2lip run holds the workspace" in (tmp_path / "serve.log").read_text()
-
-        done = deployment_run("c2lip/full", 'overrides={"train": {"steps": 3}}')
-        log = (tmp_path / "serve.log").read_text()
-        assert done.returncode == 0 and "Completed" in done.stdout, done.stdout + done.stderr + log[-4000:]
-        assert {p.name: p.read_bytes() for p in (work / "params").glob("*.yaml")} == params_before
-        assert yaml.safe_load((work / "metrics" / "train.json").read_text())["steps"] == 3  # the override took effect
-        experiments = subprocess.run(["dvc", "exp", "list", "--name-only"], cwd=work, env=env, capture_output=True, text=True)
-        assert len(experiments.stdout.split()) == 1, experiments.stdout + experiments.stderr  # the run, as a DVC experiment
-        shown = subprocess.run(["dvc", "exp", "show", "--csv"], cwd=work, env=env, capture_output=True, text=True)
-        table = list(csv.DictReader(io.StringIO(shown.stdout)))
-        row = next(r for r in table if r.get("Experiment") == experiments.stdout.split()[0])
-        assert row["params/train.yaml:steps"] == "3", row  # its params: the override
-        assert (work / "reports" / "benchmarks.md").is_file() and any((work / ".dvc-remote").rglob("*"))  # pushed
-
-        import mlflow
-
-        mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-        client = mlflow.MlflowClient()
-        version = client.get_model_version_by_alias("c2lip", "challenger")
-        assert str(version.version) == "1" and json.loads(version.tags["overrides"]) == {"train": {"steps": 3}}
-        assert float(version.tags["summary.zero_shot"]) >= 0 and version.tags["method"] == "c2lip"
-
-        promoted = deployment_run("c2lip/promote")
-        assert promoted.returncode == 0, promoted.stdout + promoted.stderr
-        assert str(client.get_model_version_by_alias("c2lip", "champion").version) == "1"
-
-        train_runs = mlflow.search_runs(experiment_names=["c2lip"], filter_string="params.steps = '3'", output_format="list")
-        assert len(train_runs) == 1  # the override is in MLflow too
-        evaluated = deployment_run("c2lip/evaluate", 'model={"name": "champion", "uri": "models:/c2lip@champion"}')
-        assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
-        adhoc = json.loads((work / "reports" / "adhoc" / "champion" / "metrics.json").read_text())
-        assert adhoc["champion/zero_shot/top1"] == json.loads((work / "reports" / "metrics.json").read_text())["finetuned/zero_shot/top1"]
-
-        artifacts = subprocess.run([prefect, "artifact", "ls"], env={**env, "COLUMNS": "250"}, capture_output=True, text=True)
-        assert all(key in artifacts.stdout for key in ("c2lip-full", "c2lip-promotion", "c2lip-evaluate-champion")), artifacts.stdout
-    finally:
-        for proc in (served, server):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
 
 
 @pytest.mark.slow

@@ -1,0 +1,165 @@
+"""End to end on a clone: `dvc repro` of every stage, then the Prefect deployments on a real server.
+
+Both start from one reproduced clone (conftest.reproduced_clone, built once): `make test` distributes
+tests by file (pytest-xdist --dist loadfile), so this module's tests share it on one worker."""
+
+import csv
+import io
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+from conftest import HANG_S, REPO, copy_clone
+
+from flows import workspace
+
+
+@pytest.mark.slow
+def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(reproduced_clone, tmp_path):
+    first_stdout = (reproduced_clone[0].parent / "first_repro.log").read_text()  # the clone's first `dvc repro`
+    work, env = copy_clone(reproduced_clone, tmp_path)
+    params = yaml.safe_load((work / "params" / "captions.yaml").read_text())
+
+    def dvc(*args):
+        return subprocess.run(["dvc", *args], cwd=work, env=env, capture_output=True, text=True, timeout=HANG_S)
+
+    metrics = yaml.safe_load((work / "metrics" / "captions.json").read_text())
+    assert metrics["samples_by_split"] == {"train": 40, "test": 10}
+    assert (work / "data" / "captions" / "manifest.parquet").is_file()
+    assert (work / "docs" / "shapesworld_contact_sheet.png").is_file()
+    concepts = yaml.safe_load((work / "metrics" / "concepts.json").read_text())
+    assert concepts["captions"] == 40 and concepts["quality"]["long"]["recall"] >= 0.98
+    assert len(list((work / "data" / "concepts" / "train").glob("shard-*.parquet"))) == 2
+    # the frozen base stage is not re-run: train fine-tunes the committed base export
+    assert "Running stage 'base'" not in first_stdout and "Running stage 'train'" in first_stdout
+    trained = yaml.safe_load((work / "metrics" / "train.json").read_text())
+    assert trained["steps"] == 2 and 0 <= trained["zero_shot_top1"] <= 1
+    assert (work / "models" / "train" / "export" / "open_clip_model.safetensors").is_file()
+
+    # the benchmarks stage wrote ShapesWorld's suite from the 10 test images; evaluate read it for both models
+    suite = yaml.safe_load((work / "data" / "benchmarks" / "shapesworld" / "stats.json").read_text())
+    assert suite["images"] == 10
+    report = yaml.safe_load((work / "reports" / "metrics.json").read_text())
+    assert report["base/zero_shot/items"] == report["finetuned/zero_shot/items"] == suite["zero_shot"]["images"]
+    assert report["base/sugarcrepe/add_att/items"] == suite["sugar_crepe"]["add_att"]
+    assert {"base/summary/compositional", "finetuned/summary/compositional"} <= set(report)
+    assert "| base | finetuned | Δ finetuned − base |" in (work / "reports" / "benchmarks.md").read_text()
+    assert (work / "reports" / "benchmarks.png").is_file() and (work / "reports" / "plots" / "finetuned.json").is_file()
+    metrics_show = dvc("metrics", "show", "--json")
+    assert "finetuned/summary/zero_shot" in metrics_show.stdout
+
+    second = dvc("repro")
+    assert second.returncode == 0
+    assert "didn't change, skipping" in second.stdout and "Running stage" not in second.stdout
+    # (a train param changed re-runs only train and evaluate: the deployment test below checks it on its run)
+    diff = dvc("metrics", "diff", "--json")  # against the clone's commit, which has no report yet
+    assert "finetuned/summary/zero_shot" in diff.stdout and "reports/metrics.json" in diff.stdout, diff.stdout
+
+    params["seed"] = 3
+    (work / "params" / "captions.yaml").write_text(yaml.safe_dump(params))
+    status = dvc("status")
+    assert "params/captions.yaml" in status.stdout and "seed" in status.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
+    """A Prefect server on 127.0.0.1 (temporary PREFECT_HOME), the deployments served from a clone (whose
+    data stages DVC already ran), then `prefect deployment run`: a run refused while another holds the
+    workspace, a full run with an override (waited to COMPLETED; params files untouched; a DVC
+    experiment; a registered challenger), and a promotion."""
+    work, env = copy_clone(reproduced_clone, tmp_path)
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=api, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_UI_ENABLED="false")
+    prefect = str(REPO / ".venv" / "bin" / "prefect") if (REPO / ".venv" / "bin" / "prefect").exists() else "prefect"
+    server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT)
+    served = None
+    try:
+        deadline = time.time() + HANG_S
+        while True:
+            try:
+                urllib.request.urlopen(f"{api}/health", timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline and server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+                time.sleep(1)
+        served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=work, env=env,
+                                  stdout=open(tmp_path / "serve.log", "w"), stderr=subprocess.STDOUT)
+
+        def deployment_run(name: str, *params: str) -> subprocess.CompletedProcess:
+            deadline = time.time() + HANG_S
+            while True:  # the served deployments appear once flows.serve has registered them
+                listed = subprocess.run([prefect, "deployment", "ls"], env=env, capture_output=True, text=True)
+                if name.split("/")[1] in listed.stdout:
+                    break
+                assert time.time() < deadline and served.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+                time.sleep(1)
+            args = [prefect, "deployment", "run", name, "--watch", "--watch-timeout", str(HANG_S)]
+            for p in params:
+                args += ["--param", p]
+            return subprocess.run(args, env=env, capture_output=True, text=True, timeout=HANG_S + 60)
+
+        params_before = {p.name: p.read_bytes() for p in (work / "params").glob("*.yaml")}
+        with workspace.workspace_lock(work, "the test, pretending to be a running full flow"):
+            refused = deployment_run("c2lip/full")
+        assert refused.returncode != 0
+        assert "another c2lip run holds the workspace" in (tmp_path / "serve.log").read_text()
+
+        done = deployment_run("c2lip/full", 'overrides={"train": {"steps": 3}}')
+        log = (tmp_path / "serve.log").read_text()
+        assert done.returncode == 0 and "Completed" in done.stdout, done.stdout + done.stderr + log[-4000:]
+        assert {p.name: p.read_bytes() for p in (work / "params").glob("*.yaml")} == params_before
+        assert yaml.safe_load((work / "metrics" / "train.json").read_text())["steps"] == 3  # the override took effect
+        # a train param changed: DVC re-ran train and evaluate only (the clone's data stages were done)
+        ran = list(dict.fromkeys(line.split("Running stage '")[1].split("'")[0] for line in log.splitlines() if "Running stage '" in line))
+        assert ran == ["train", "evaluate"], log[-4000:]
+        experiments = subprocess.run(["dvc", "exp", "list", "--name-only"], cwd=work, env=env, capture_output=True, text=True)
+        assert len(experiments.stdout.split()) == 1, experiments.stdout + experiments.stderr  # the run, as a DVC experiment
+        shown = subprocess.run(["dvc", "exp", "show", "--csv"], cwd=work, env=env, capture_output=True, text=True)
+        table = list(csv.DictReader(io.StringIO(shown.stdout)))
+        row = next(r for r in table if r.get("Experiment") == experiments.stdout.split()[0])
+        assert row["params/train.yaml:steps"] == "3", row  # its params: the override
+        assert (work / "reports" / "benchmarks.md").is_file() and any((work / ".dvc-remote").rglob("*"))  # pushed
+
+        import mlflow
+
+        mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+        client = mlflow.MlflowClient()
+        version = client.get_model_version_by_alias("c2lip", "challenger")
+        assert str(version.version) == "1" and json.loads(version.tags["overrides"]) == {"train": {"steps": 3}}
+        assert float(version.tags["summary.zero_shot"]) >= 0 and version.tags["method"] == "c2lip"
+
+        promoted = deployment_run("c2lip/promote")
+        assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+        assert str(client.get_model_version_by_alias("c2lip", "champion").version) == "1"
+
+        train_runs = mlflow.search_runs(experiment_names=["c2lip"], filter_string="params.steps = '3'", output_format="list")
+        assert len(train_runs) == 1  # the override is in MLflow too
+        evaluated = deployment_run("c2lip/evaluate", 'model={"name": "champion", "uri": "models:/c2lip@champion"}')
+        assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
+        adhoc = json.loads((work / "reports" / "adhoc" / "champion" / "metrics.json").read_text())
+        assert adhoc["champion/zero_shot/top1"] == json.loads((work / "reports" / "metrics.json").read_text())["finetuned/zero_shot/top1"]
+
+        artifacts = subprocess.run([prefect, "artifact", "ls"], env={**env, "COLUMNS": "250"}, capture_output=True, text=True)
+        assert all(key in artifacts.stdout for key in ("c2lip-full", "c2lip-promotion", "c2lip-evaluate-champion")), artifacts.stdout
+    finally:
+        for proc in (served, server):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
