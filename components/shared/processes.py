@@ -30,14 +30,16 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     """Ask the kernel to send ``sig`` to this process when its parent exits; False where unsupported."""
     if not sys.platform.startswith("linux"):
         return False
+    parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             return False
     except (OSError, AttributeError):
         return False
-    if os.getppid() == 1:  # the parent died before the request took effect: act on it now
+    if os.getppid() != parent:  # the parent died while the request was being made: act on it now
         os.kill(os.getpid(), sig)
+    # (a parent that died before this call leaves an orphan the next run reaps by its run id: :func:`reap`)
     return True
 
 
