@@ -184,7 +184,8 @@ def test_kill_9_during_overrides_leaves_nothing_a_later_run_uses(tmp_path):
               "with workspace_lock(Path(sys.argv[1]), 'flow run doomed'):\n"
               "    with params_overridden(Path(sys.argv[1]), {'train': {'steps': 7}}):\n"
               "        print('overridden', flush=True); time.sleep(3600)\n")
-    doomed = subprocess.Popen([sys.executable, "-c", script, str(work)], stdout=subprocess.PIPE, text=True)
+    doomed = subprocess.Popen([sys.executable, "-c", script, str(work)], stdout=subprocess.PIPE, text=True,
+                              env={k: v for k, v in os.environ.items() if k != processes.RUN_ENV})
     assert doomed.stdout.readline().strip() == "overridden"
     doomed.kill()
     doomed.wait()
@@ -257,6 +258,17 @@ def test_a_flow_process_tree_dies_with_it_and_the_next_run_reaps_what_did_not(tm
                             timeout=HANG_S, env={k: v for k, v in os.environ.items() if k != processes.RUN_ENV})
     assert reaped.returncode == 0 and f"[{server}]" in reaped.stdout and "flow run doomed" in reaped.stdout, reaped.stdout + reaped.stderr
     _until(lambda: not _alive(server), "the leftover to be reaped")
+
+
+def test_reaping_never_ends_the_reaper_or_its_ancestors():
+    # a parent and its child both carry the id (inherited from a killed run, say); the child looks for leftovers
+    inner = ("import os, sys; sys.path.insert(0, sys.argv[1]); from components.shared.processes import leftovers; "
+             "print(os.getppid(), os.getpid(), leftovers('same-id'))")
+    outer = "import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]])"
+    out = subprocess.run([sys.executable, "-c", outer, inner, str(REPO)], capture_output=True, text=True, timeout=HANG_S,
+                         env={**os.environ, processes.RUN_ENV: "same-id"}).stdout.split(maxsplit=2)
+    parent, child, found = int(out[0]), int(out[1]), out[2]
+    assert str(parent) not in found and str(child) not in found, (parent, child, found)
 
 
 # --------------------------------------------------------------------------------------------------

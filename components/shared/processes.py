@@ -77,14 +77,27 @@ def mark_run() -> str:
     return os.environ[RUN_ENV]
 
 
+def _ancestors() -> set[int]:
+    """This process and every process above it (never reaped, whatever their environment says)."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+
+
 def leftovers(run_id: str) -> list[int]:
-    """Live processes (other than this one) whose environment carries ``run_id``."""
+    """Live processes whose environment carries ``run_id``, other than this process and its ancestors."""
     if not run_id or not os.path.isdir("/proc"):
         return []
     needle = f"{RUN_ENV}={run_id}".encode()
-    found = []
+    found, mine = [], _ancestors()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit() or int(entry) in mine:
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
