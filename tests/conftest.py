@@ -19,7 +19,9 @@ for _key, _value in {
 # Under pytest-xdist (make test runs 2+ workers) each worker gets its own Prefect home: the ephemeral API
 # server of the in-process flow tests keeps a SQLite database there, which two workers must not share.
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["PREFECT_HOME"] = str(Path(__file__).resolve().parent.parent / ".prefect" / f"test-{os.environ['PYTEST_XDIST_WORKER']}")
+    _prefect_home = Path(__file__).resolve().parent.parent / ".prefect" / f"test-{os.environ['PYTEST_XDIST_WORKER']}"
+    _prefect_home.mkdir(parents=True, exist_ok=True)  # Prefect does not create it (a fresh clone has no .prefect/)
+    os.environ["PREFECT_HOME"] = str(_prefect_home)
 
 import pytest  # noqa: E402
 
