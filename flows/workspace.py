@@ -25,7 +25,7 @@ from components.shared.atomic import atomic_write_bytes, atomic_write_json
 from components.shared.params import deep_merge, read_yaml, validate_params
 from components.shared.params_base import OVERRIDES_JOURNAL
 from components.shared.params_base import RUN_LOCK as LOCK_NAME
-from components.shared.processes import RUN_ENV, mark_run, reap
+from components.shared.processes import mark_run, reap
 
 
 class WorkspaceBusy(RuntimeError):
@@ -37,9 +37,9 @@ def workspace_lock(root: Path, owner: str, wait_s: float = 0.0, poll_s: float = 
     """Hold the workspace's run lock; wait up to ``wait_s`` seconds for it, then raise :class:`WorkspaceBusy`
     naming the holder.
 
-    Taking the lock also clears up after a holder that was killed (its record is still in the file): its
-    leftover processes (any process carrying its run id, :mod:`components.shared.processes`) are ended,
-    and params files it left overridden are put back."""
+    Taking the lock also clears up after runs that were killed: their leftover processes (any process
+    carrying the run id of a root process that is gone, :mod:`components.shared.processes`) are ended, and
+    params files a killed run left overridden are put back."""
     path = Path(root) / LOCK_NAME
     handle = open(path, "a+")
     deadline = time.monotonic() + wait_s
@@ -56,8 +56,7 @@ def workspace_lock(root: Path, owner: str, wait_s: float = 0.0, poll_s: float = 
                                     f"Wait for that run, or pass wait_for_workspace_s to queue behind it.") from None
             time.sleep(poll_s)
     try:
-        handle.seek(0)
-        reap_dead_holder(handle.read())
+        reap_killed_runs()  # the lock is ours: no live run of this workspace owns them
         restored = restore_interrupted_overrides(root)  # the lock is ours: a journal left is a dead run's
         if restored:
             print(f"c2lip: put back {', '.join(restored)}, left overridden by an interrupted run", flush=True)
@@ -88,20 +87,14 @@ def resolve_overrides(root: Path, overrides: dict[str, dict[str, Any]]) -> dict[
     return merged
 
 
-def reap_dead_holder(record: str) -> list[int]:
-    """End the leftover processes of the run recorded in the lock file (a clean exit empties the record, so
-    one left there is a killed run's); returns their pids."""
-    try:
-        holder = json.loads(record) if record.strip() else {}
-    except ValueError:
-        return []
-    run_id = holder.get("run_id")
-    if not run_id or run_id == os.environ.get(RUN_ENV):
-        return []
-    pids = reap(run_id)
-    if pids:
-        print(f"c2lip: ended {len(pids)} leftover process(es) of the killed run {holder.get('owner')!r}: {pids}", flush=True)
-    return pids
+def reap_killed_runs() -> dict[str, list[int]]:
+    """End the leftover processes of killed runs (any process whose run id names a root process that is
+    gone: :func:`components.shared.processes.leftovers`); returns them by run id."""
+    runs = reap()
+    if runs:
+        print(f"c2lip: ended {sum(map(len, runs.values()))} leftover process(es) of killed run(s) {sorted(runs)}: "
+              f"{sorted(p for pids in runs.values() for p in pids)}", flush=True)
+    return runs
 
 
 def restore_interrupted_overrides(root: Path) -> list[str]:

@@ -256,17 +256,17 @@ def test_a_flow_process_tree_dies_with_it_and_the_next_run_reaps_what_did_not(tm
     assert _alive(server)  # the fault: a process outside the tree outlives the killed run
     reaped = subprocess.run([sys.executable, "-m", "flows.workspace", "--restore"], cwd=work, capture_output=True, text=True,
                             timeout=HANG_S, env={k: v for k, v in os.environ.items() if k != processes.RUN_ENV})
-    assert reaped.returncode == 0 and f"[{server}]" in reaped.stdout and "flow run doomed" in reaped.stdout, reaped.stdout + reaped.stderr
+    assert reaped.returncode == 0 and f"[{server}]" in reaped.stdout and f"{doomed.pid}-" in reaped.stdout, reaped.stdout + reaped.stderr
     _until(lambda: not _alive(server), "the leftover to be reaped")
 
 
 def test_reaping_never_ends_the_reaper_or_its_ancestors():
     # a parent and its child both carry the id (inherited from a killed run, say); the child looks for leftovers
     inner = ("import os, sys; sys.path.insert(0, sys.argv[1]); from components.shared.processes import leftovers; "
-             "print(os.getppid(), os.getpid(), leftovers('same-id'))")
+             "os.environ['C2LIP_RUN_ID'] = 'a-run-of-its-own'; print(os.getppid(), os.getpid(), leftovers())")
     outer = "import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]])"
     out = subprocess.run([sys.executable, "-c", outer, inner, str(REPO)], capture_output=True, text=True, timeout=HANG_S,
-                         env={**os.environ, processes.RUN_ENV: "same-id"}).stdout.split(maxsplit=2)
+                         env={**os.environ, processes.RUN_ENV: "999999999-gone"}).stdout.split(maxsplit=2)  # its root is gone
     parent, child, found = int(out[0]), int(out[1]), out[2]
     assert str(parent) not in found and str(child) not in found, (parent, child, found)
 

@@ -8,8 +8,9 @@ mechanisms, from narrow to wide:
   SIGKILL to this process when its parent exits, however the parent died.
 - :func:`forked_children_die_with_this_process`: the same for every child this process forks afterwards
   (spaCy's and the DataLoader's workers, the captions pool).
-- a run id in the environment (:data:`RUN_ENV`) that every descendant inherits: :func:`leftovers` finds
-  and :func:`reap` ends the processes of a run that is gone, whichever process tree they ended up in.
+- a run id in the environment (:data:`RUN_ENV`, ``<root pid>-<random>``) that every descendant inherits:
+  :func:`leftovers` finds and :func:`reap` ends the processes of runs whose root is gone, whichever process
+  tree they ended up in (a Prefect server started by a ``kill -9``'d flow, say).
 """
 
 from __future__ import annotations
@@ -72,9 +73,15 @@ def _redacted_traceback(kind, value, tb) -> None:
 
 
 def mark_run() -> str:
-    """This process's run id (created once; inherited by every child started afterwards)."""
-    os.environ.setdefault(RUN_ENV, uuid.uuid4().hex)
+    """This process's run id, ``<pid>-<random>`` (created once; inherited by every child started afterwards).
+    The pid names the run's root process: once it is gone, whatever still carries the id is a leftover."""
+    os.environ.setdefault(RUN_ENV, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
     return os.environ[RUN_ENV]
+
+
+def _root_pid(run_id: str) -> int | None:
+    head = run_id.split("-", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def _ancestors() -> set[int]:
@@ -90,28 +97,33 @@ def _ancestors() -> set[int]:
     return pids
 
 
-def leftovers(run_id: str) -> list[int]:
-    """Live processes whose environment carries ``run_id``, other than this process and its ancestors."""
-    if not run_id or not os.path.isdir("/proc"):
-        return []
-    needle = f"{RUN_ENV}={run_id}".encode()
-    found, mine = [], _ancestors()
+def leftovers() -> dict[str, list[int]]:
+    """Live processes of runs whose root process is gone, by run id: a killed run's dvc, stages, workers and
+    Prefect server, wherever they were re-parented. Never this process, its ancestors, or its own run."""
+    if not os.path.isdir("/proc"):
+        return {}
+    prefix = f"{RUN_ENV}=".encode()
+    found: dict[str, list[int]] = {}
+    mine, own_run = _ancestors(), os.environ.get(RUN_ENV)
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in mine:
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
+                values = [v[len(prefix):].decode(errors="replace") for v in f.read().split(b"\0") if v.startswith(prefix)]
         except OSError:  # gone meanwhile, or another user's
             continue
-    return found
+        if values and values[0] != own_run:
+            found.setdefault(values[0], []).append(int(entry))
+    # a run whose root is alive is running (an id without a root pid is never reaped)
+    return {run: pids for run, pids in found.items() if (root := _root_pid(run)) is not None and not _alive(root)}
 
 
-def reap(run_id: str, grace_s: float = 10.0) -> list[int]:
-    """End every leftover process of ``run_id``: SIGTERM, then SIGKILL to those still there after
-    ``grace_s`` seconds. Returns the pids found."""
-    pids = leftovers(run_id)
+def reap(grace_s: float = 10.0) -> dict[str, list[int]]:
+    """End every process of :func:`leftovers`: SIGTERM, then SIGKILL to those still there after ``grace_s``
+    seconds. Returns what was found, by run id."""
+    runs = leftovers()
+    pids = [pid for found in runs.values() for pid in found]
     for pid in pids:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -120,7 +132,7 @@ def reap(run_id: str, grace_s: float = 10.0) -> list[int]:
     for pid in pids:
         if _alive(pid):
             _signal(pid, signal.SIGKILL)
-    return pids
+    return runs
 
 
 def _signal(pid: int, sig: int) -> None:
