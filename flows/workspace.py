@@ -56,7 +56,7 @@ def workspace_lock(root: Path, owner: str, wait_s: float = 0.0, poll_s: float = 
                                     f"Wait for that run, or pass wait_for_workspace_s to queue behind it.") from None
             time.sleep(poll_s)
     try:
-        reap_killed_runs()  # the lock is ours: no live run of this workspace owns them
+        reap_killed_runs()  # their root process is gone, so no live run owns them (in any workspace)
         restored = restore_interrupted_overrides(root)  # the lock is ours: a journal left is a dead run's
         if restored:
             print(f"c2lip: put back {', '.join(restored)}, left overridden by an interrupted run", flush=True)
