@@ -380,6 +380,15 @@ class _Hostile(BaseHTTPRequestHandler):
             self.send_response(302)
             self.send_header("Location", f"http://127.0.0.1:{port}/good.jpg")
             self.end_headers()
+        elif self.path in ("/stall.jpg", "/cut.jpg"):  # 10 of 1000 bytes, then silence or a closed connection
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b"\xff" * 10)
+            self.wfile.flush()
+            if self.path == "/stall.jpg":
+                time.sleep(3)
+            self.close_connection = True
         elif self.path == "/drip.jpg":  # one byte every 0.2 s, each within the read timeout
             self.send_response(200)
             self.send_header("Content-Length", "100000")
@@ -439,6 +448,14 @@ def test_a_dripping_server_cannot_outlast_the_download_deadline(tmp_path, hostil
     port, _ = hostile
     stats, _ = _table_run(tmp_path, [(f"http://127.0.0.1:{port}/drip.jpg", "slow")], {"allow_hosts": ["127.0.0.1"], "deadline_s": 1.5})
     assert stats["skipped"] == {"deadline": 1}  # not timeout: every single read came within timeout_s
+
+
+def test_a_body_that_stalls_or_is_cut_off_is_a_counted_skip_not_a_crash(tmp_path, hostile):
+    port, _ = hostile
+    rows = [(f"http://127.0.0.1:{port}/stall.jpg", "stalls"), (f"http://127.0.0.1:{port}/cut.jpg", "cut off"),
+            (f"http://127.0.0.1:{port}/good.jpg", "fine")]
+    stats, _ = _table_run(tmp_path, rows, {"allow_hosts": ["127.0.0.1"]})  # timeout_s 1 < the 3 s stall
+    assert stats["skipped"] == {"timeout": 1, "connection_error": 1} and stats["samples_written"] == 1
 
 
 def test_undecodable_text_and_paths_outside_the_image_root_are_counted_skips(tmp_path):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
@@ -106,6 +107,10 @@ def download(session: requests.Session, url: str, cfg: DownloadParams) -> bytes 
         return Skip(reason, url)
     except requests.RequestException as err:
         return Skip("request_error", f"{url}: {type(err).__name__}")
+    except urllib3.exceptions.ReadTimeoutError:  # read1 reads urllib3's response directly: its errors are its own
+        return Skip("timeout", url)
+    except urllib3.exceptions.HTTPError as err:  # e.g. the connection closed before Content-Length bytes came
+        return Skip("connection_error", f"{url}: {type(err).__name__}")
 
 
 def _read_body(resp: requests.Response, url: str, cfg: DownloadParams, deadline: float) -> bytes | Skip:
