@@ -2,11 +2,11 @@
 
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import HANG_S, REPO
 
 import flows.c2lip as c2lip_flows
 from components.shared.params import ParamsError
@@ -41,18 +41,25 @@ def test_params_overrides_are_undone_byte_for_byte_even_on_failure(tmp_path):
 
 
 def test_workspace_lock_refuses_a_second_run_naming_the_first_and_can_wait(tmp_path):
+    # the holder keeps the lock until told to let go (no timing: a loaded machine changes nothing)
     holder = subprocess.Popen([sys.executable, "-c",
-                               "import sys, time; sys.path.insert(0, sys.argv[1]); from flows.workspace import workspace_lock\n"
-                               "with workspace_lock(sys.argv[2], 'flow run first-run'):\n    print('held', flush=True); time.sleep(3)",
-                               str(REPO), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+                               "import sys; sys.path.insert(0, sys.argv[1]); from flows.workspace import workspace_lock\n"
+                               "with workspace_lock(sys.argv[2], 'flow run first-run'):\n    print('held', flush=True); sys.stdin.readline()",
+                               str(REPO), str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(workspace.WorkspaceBusy, match="another c2lip run holds the workspace .*flow run first-run.*it was not changed"):
         with workspace.workspace_lock(tmp_path, "second"):
             pass
-    started = time.monotonic()
-    with workspace.workspace_lock(tmp_path, "third", wait_s=30, poll_s=0.2):  # queues behind the first
-        waited = time.monotonic() - started
-    assert 0.5 < waited < 30
+    released = threading.Event()
+
+    def release():
+        released.set()
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+
+    threading.Timer(0.5, release).start()
+    with workspace.workspace_lock(tmp_path, "third", wait_s=HANG_S, poll_s=0.1):  # queues behind the first
+        assert released.is_set()  # it got the lock only after the first let go
     holder.wait()
 
 
