@@ -35,7 +35,7 @@ from components.shared.atomic import atomic_write_bytes, atomic_write_json, fing
 from components.shared.params import ROOT, SHAPESWORLD_SUITE, CompareParams, EvaluateParams, ParamsError, TrainParams, deep_merge, load_params, read_yaml, validate_params
 from components.shared.processes import stage_process_setup
 from components.shared.stage_code import stage_code
-from components.suite.compare_report import aggregate, chart, markdown
+from components.suite.compare_report import aggregate, chart, logit_chart, markdown
 from components.suite.formats import BenchmarkError
 
 
@@ -237,6 +237,11 @@ def finished(run: Run, suite: Suite) -> dict[str, float] | None:
     return None
 
 
+# What the report keeps of each run's train metrics (components.train's final figures)
+TRAIN_FIGURES = ("samples_per_s", "logit_scale", "logit_bias", "zero_shot_top1_held_out_pairs", "zero_shot_held_out_predicted_as_seen",
+                 "held_out_prompt_nearest_seen_cos", "seen_prompt_nearest_seen_cos")
+
+
 def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
     """Train one run in a subprocess with one torch thread (resuming its own checkpoints), then evaluate its
     export on the shared suite in this process; returns flat metrics (``<benchmark>/<metric>``,
@@ -263,7 +268,9 @@ def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
     results = evaluate.evaluate_model(spec, suite.tasks, suite.params, suite.fingerprint, quiet=True)
     flat = evaluate.flat_metrics(suite.tasks, {run.arm: results})
     metrics = {k.split("/", 1)[1]: v for k, v in flat.items()}
-    metrics["train/samples_per_s"] = json.loads(Path(run.train.metrics_path).read_text()).get("samples_per_s", 0.0)
+    # the train stage's final figures: samples/s, logit scale and bias, and (zero_shot_eval) the held-out geometry
+    trained_figures = json.loads(Path(run.train.metrics_path).read_text())
+    metrics.update({f"train/{k}": v for k, v in trained_figures.items() if k in TRAIN_FIGURES})
     atomic_write_json(run.dir / "done.json", {"fingerprint": run_fingerprint(run, suite), "metrics": metrics})
     log(f"{run.label}: trained in {trained - started:.0f} s, evaluated in {time.time() - trained:.0f} s")
     return metrics
@@ -280,6 +287,9 @@ def write_report(params: CompareParams, runs: list[Run], results: dict[str, dict
     atomic_write_json(out / "compare.json", summary)
     atomic_write_bytes(out / "compare.md", markdown(params, summary, world, budget).encode())
     atomic_write_bytes(out / "compare.png", chart(summary))
+    curves = {r.label: (r.arm, json.loads(Path(r.train.plots_path).read_text())["loss"]) for r in runs if Path(r.train.plots_path).is_file()}
+    if curves:
+        atomic_write_bytes(out / "compare-logits.png", logit_chart(curves))
     return summary
 
 

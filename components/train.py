@@ -279,9 +279,12 @@ def loop(run: Run) -> None:
             bar.set_postfix(loss=f"{sums['loss']:.3f}", samples_s=f"{run.throughput:.0f}")
             check = bool(run.zero_shot) and params.zero_shot_every and step % params.zero_shot_every == 0 and step < params.steps
             if check or step % params.log_every == 0 or step == params.steps:
-                point = {"step": step, **{k: round(v, 5) for k, v in sums.items()}}
-                metrics = {**sums, "lr": run.scheduler.get_last_lr()[0], "samples_per_s": run.throughput,
-                           "logit_scale": engine.module.model.logit_scale.exp().item()}
+                model = engine.module.model
+                # s and b per logged step: their trajectories are part of the diagnosis (README "What this shows")
+                logits = {"logit_scale": model.logit_scale.exp().item(),
+                          **({"logit_bias": model.logit_bias.item()} if getattr(model, "logit_bias", None) is not None else {})}
+                point = {"step": step, **{k: round(v, 5) for k, v in {**sums, **logits}.items()}}
+                metrics = {**sums, "lr": run.scheduler.get_last_lr()[0], "samples_per_s": run.throughput, **logits}
                 if check:  # rank 0 evaluates; the others wait at the next collective
                     started = time.time()
                     figures = run.zero_shot(engine.module.model, run.tokenizer)

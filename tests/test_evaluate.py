@@ -449,6 +449,8 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
         assert flat[f"checkpoint/{key}"] == flat[f"export/{key}"] == flat[f"registry/{key}"], key
     assert flat["export/zero_shot/items"] > 0 and 0 <= flat["export/summary/compositional"] <= 1
     assert {"export/summary/zero_shot", "export/summary/retrieval", "export/aro/order/p_at_1", "export/winoground/group"} <= set(flat)
+    binding = [flat["export/sugarcrepe/swap_att/acc"], flat["export/sugarcrepe_pp/swap_att/itt"], flat["export/winoground/group"]]
+    assert flat["export/summary/binding"] == pytest.approx(sum(binding) / 3, abs=2e-5)  # the three binding tests' mean
 
     out = tmp_path / "reports"
     assert json.loads((out / "metrics.json").read_text()) == flat

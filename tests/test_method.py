@@ -17,6 +17,7 @@ from components.method.losses import (
     npc_loss,
     sigmoid_contrastive,
     softmax_contrastive,
+    text_ids,
     xac_loss,
 )
 from components.method.models import TINY_CLIP, TINY_RN, TINY_SIGLIP, create_model, image_features_and_tokens
@@ -173,6 +174,28 @@ def test_sigmoid_and_npc_losses_match_the_formulas():
     assert torch.allclose(npc_loss(image, phrases, owner, s, b), expected_npc, atol=1e-5)
 
 
+def test_text_labels_make_a_repeated_phrase_positive_for_every_image_that_has_it():
+    image, _, phrases, tokens, owner, s, b = _random_features(3)
+    ids = torch.tensor([0, 1, 0, 2, 1, 3, 0, 4, 2])  # phrases 0, 2, 6 share a text, as do 1 and 4, 3 and 8
+    phrases = phrases.detach()[ids].requires_grad_()  # equal text, equal embedding
+    has = {(int(owner[k]), int(ids[k])) for k in range(9)}
+    label = [[1.0 if (i, int(ids[k])) in has else -1.0 for k in range(9)] for i in range(6)]
+    expected_npc = sum(-F.logsigmoid(label[i][k] * (s * image[i] @ phrases[k] + b)) for i in range(6) for k in range(9)) / 9
+    assert torch.allclose(npc_loss(image, phrases, owner, s, b, ids), expected_npc, atol=1e-5)
+    assert not torch.allclose(npc_loss(image, phrases, owner, s, b), expected_npc, atol=1e-3)  # occurrence labels differ here
+    expected_xac = 0.0
+    for k in range(9):
+        for m in range(6):
+            a = torch.softmax(tokens[m] @ phrases[k], dim=0)
+            v = F.normalize((a[:, None] * tokens[m]).sum(0), dim=0)
+            expected_xac = expected_xac - F.logsigmoid(label[m][k] * (s * v @ phrases[k] + b))
+    assert torch.allclose(xac_loss(tokens, phrases, owner, s, b, 1.0, 4, ids), expected_xac / 9, atol=1e-5)
+    # all texts distinct: text labels are occurrence labels
+    distinct = torch.arange(9)
+    assert torch.allclose(npc_loss(image, phrases, owner, s, b, distinct), npc_loss(image, phrases, owner, s, b), atol=1e-6)
+    assert text_ids(torch.tensor([[5, 1], [7, 2], [5, 1]])).tolist() in ([0, 1, 0], [1, 0, 1])
+
+
 def test_softmax_loss_ignores_the_bias_but_gives_it_a_gradient():
     image, text, _, _, _, s, b = _random_features(1)
     with_bias = softmax_contrastive(image, text, s, b)
@@ -268,7 +291,9 @@ def _make(name, seed=0):
     if name == TINY_SIGLIP:
         loss = C2LIPLoss(lambda_xac=0.5, xac_chunk=3)
     else:
-        loss = C2LIPLoss(contrastive="softmax", lambda_xac=0.5, concept_logit="own", init_logit_scale=2.0, init_logit_bias=-5.0)
+        # text labels: "a large red circle" is image 0's (rank 0) and image 5's (rank 1), so the ranks must agree on ids
+        loss = C2LIPLoss(contrastive="softmax", lambda_xac=0.5, concept_logit="own", init_logit_scale=2.0, init_logit_bias=-5.0,
+                         concept_labels="text")
     return TrainingModule(model, loss), tokenizer
 
 

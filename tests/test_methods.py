@@ -328,15 +328,18 @@ def test_paired_differences_and_report_from_known_results(tmp_path):
     results = {}
     for r in runs:
         base = {"siglip": 0.5, "c2lip": 0.6}[r.arm] + 0.01 * r.seed
-        results[r.label] = {"summary/compositional": base, "summary/zero_shot": 0.9 - (0.1 if r.arm == "c2lip" and r.seed == 2 else 0),
-                            "sugarcrepe/swap_att/acc": base}
+        results[r.label] = {"summary/binding": 0.7, "summary/compositional": base,
+                            "summary/zero_shot": 0.9 - (0.1 if r.arm == "c2lip" and r.seed == 2 else 0),
+                            "sugarcrepe/swap_att/acc": base, "train/logit_scale": 10.0 + r.seed,
+                            "train/zero_shot_held_out_predicted_as_seen": 0.25 if r.arm == "c2lip" else 0.0}
     summary = compare.aggregate(params, runs, results, {"sugarcrepe/swap_att": "acc"})
     comp = summary["paired"]["c2lip"]["compositional"]
     assert comp["values"] == pytest.approx([0.1, 0.1, 0.1]) and comp["positive"] == 3 and comp["sd"] == pytest.approx(0, abs=1e-12)
     zs = summary["paired"]["c2lip"]["zero_shot"]
     assert zs["mean"] == pytest.approx(-0.1 / 3, abs=1e-6) and zs["positive"] == 0 and zs["sd"] == pytest.approx(np.std([0, 0, -0.1], ddof=1), abs=1e-6)
     text = compare.markdown(params, summary, {}, {"steps": 10, "global_batch": 8, "samples": 80})
-    assert "| c2lip | 0.610 ± 0.010 | 0.867 ± 0.058 |" in text and "+0.100 ± 0.000 (3/3)" in text and "-0.033 ± 0.058 (0/3)" in text
+    assert "| c2lip | 0.700 ± 0.000 | 0.610 ± 0.010 | 0.867 ± 0.058 |" in text and "+0.100 ± 0.000 (3/3)" in text and "-0.033 ± 0.058 (0/3)" in text
+    assert "| arm | s | as seen |" in text and "| c2lip | 11.000 ± 1.000 | 0.250 ± 0.000 |" in text  # only the figures the runs have
     assert "| sugarcrepe/swap_att (acc) | 0.510 ± 0.010 | 0.610 ± 0.010 |" in text
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from pydantic import ValidationError
 from conftest import HANG_S, REPO, tiny_training_data
 
 from components import train as train_stage
@@ -171,6 +172,22 @@ def test_sentence_sampling_shortens_the_training_captions(tiny_data, tmp_path):
         assert (lengths_sampled <= lengths_full).all() and (lengths_sampled < lengths_full).any()
         assert torch.equal(b["texts"], c["texts"])  # the same batches for the same seed
         assert torch.equal(a["phrase_tokens"], b["phrase_tokens"])  # concepts stay the image's
+
+
+def test_single_object_samples_train_on_their_own_caption_field(tiny_data, tmp_path):
+    params = TrainParams.model_validate(tiny_train(tiny_data, tmp_path, data={"workers": 0, "caption_field": "raw",
+                                                                              "single_object_caption_field": "short"}))
+    shards = stream.expand_shards(params.data.shards)
+    dataset = stream.TrainBatches(params, shards, 0, 1, 0, None, None, None, None)
+    samples = [s for s, _ in zip(stream.sample_stream(shards, 0, 0, 1, 4), range(40))]
+    counts = {1: 0, 2: 0}
+    for _, meta, caption, _ in dataset.decode(samples):
+        single = len(meta["objects"]) == 1
+        assert caption == meta["captions"]["short" if single else "raw"]
+        counts[1 if single else 2] += 1
+    assert counts[1] and counts[2]  # both kinds were in the sample
+    with pytest.raises(ValidationError, match="not a valid field name"):
+        TrainParams.model_validate({"data": {"single_object_caption_field": "../x"}})
 
 
 def test_ranks_read_disjoint_shards(tiny_data, tmp_path):

@@ -159,6 +159,8 @@ class TrainBatches(IterableDataset):
             field = fields[pick]
             try:
                 meta = json.loads(sample["json"]) if "json" in sample else {}
+                if data.single_object_caption_field and len(meta.get("objects", ())) == 1:
+                    field = data.single_object_caption_field
                 caption = meta.get("captions", {}).get(field)
                 if caption is None and field == "txt" and "txt" in sample:
                     caption = sample["txt"].decode()

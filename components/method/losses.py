@@ -128,20 +128,51 @@ def clic_terms(image_features, positive_features, negative_features, has_negativ
     return {"cont": cont, "sneg": sneg, "uni": uni}
 
 
-def _labels(image_index: torch.Tensor, num_images: int, dtype) -> torch.Tensor:
-    """[M, K]: +1 where phrase k belongs to image m, −1 elsewhere."""
-    own = image_index.unsqueeze(0) == torch.arange(num_images, device=image_index.device).unsqueeze(1)
+def gather_ids(ids: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's integer rows (no gradient; counts may differ per rank)."""
+    if not distributed():
+        return ids
+    count = torch.tensor([ids.shape[0]], device=ids.device)
+    counts = [torch.zeros_like(count) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, count)
+    counts = [int(c) for c in counts]
+    padded = torch.cat([ids, ids.new_zeros((max(counts) - ids.shape[0], *ids.shape[1:]))], 0)
+    parts = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(parts, padded)
+    return torch.cat([part[:n] for part, n in zip(parts, counts)], 0)
+
+
+def concept_labels(image_index: torch.Tensor, num_images: int, dtype, phrase_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """[M, K]: +1 where phrase k is image m's, −1 elsewhere.
+
+    ``phrase_ids`` None: "its" means the occurrence came from image m (y_ik of the formula as written: the same
+    phrase text from another image is a negative). ``phrase_ids`` [K] (equal ids = equal text): image m is
+    positive for every phrase whose text is among its own phrases, so a repeated phrase ("a red circle" in
+    several images of the batch) is never a negative for an image that has it.
+    """
+    rows = torch.arange(num_images, device=image_index.device).unsqueeze(1)
+    if phrase_ids is None:
+        own = image_index.unsqueeze(0) == rows
+    else:
+        has = torch.zeros(num_images, int(phrase_ids.max()) + 1 if phrase_ids.numel() else 0, dtype=torch.bool, device=image_index.device)
+        has[image_index, phrase_ids] = True
+        own = has[:, phrase_ids]
     return own.to(dtype) * 2 - 1
 
 
-def npc_loss(image_features, phrase_features, image_index, scale, bias) -> torch.Tensor:
-    """L_npc: −Σ_{i,k} log σ(y_ik·(s⟨x_i, c_k⟩ + b)) / K."""
+def text_ids(keys: torch.Tensor) -> torch.Tensor:
+    """[K] ids, equal exactly where the rows of ``keys`` (e.g. each occurrence's token ids) are equal."""
+    return torch.unique(keys.reshape(keys.shape[0], -1), dim=0, return_inverse=True)[1] if keys.numel() else keys.new_zeros(0)
+
+
+def npc_loss(image_features, phrase_features, image_index, scale, bias, phrase_ids=None) -> torch.Tensor:
+    """L_npc: −Σ_{i,k} log σ(y_ik·(s⟨x_i, c_k⟩ + b)) / K (y_ik: :func:`concept_labels`)."""
     logits = scale * image_features @ phrase_features.T + bias
-    labels = _labels(image_index, image_features.shape[0], logits.dtype)
+    labels = concept_labels(image_index, image_features.shape[0], logits.dtype, phrase_ids)
     return -F.logsigmoid(labels * logits).sum() / max(phrase_features.shape[0], 1)
 
 
-def _xac_chunk(tokens, gram, phrases, image_index, scale, bias, temperature: float) -> torch.Tensor:
+def _xac_chunk(tokens, gram, phrases, labels, scale, bias, temperature: float) -> torch.Tensor:
     sims = torch.einsum("mjd,kd->mkj", tokens, phrases)  # ⟨c_k, u_mj⟩, [M, Kc, J]
     attention = (sims / temperature).softmax(dim=-1)  # a
     # ⟨v̂_mk, c_k⟩ with v = Σ_j a_j u_mj: numerator Σ_j a_j⟨u_mj, c_k⟩, norm² aᵀ G_m a. Same value as
@@ -149,11 +180,11 @@ def _xac_chunk(tokens, gram, phrases, image_index, scale, bias, temperature: flo
     dot = (attention * sims).sum(-1)
     norm = ((attention @ gram) * attention).sum(-1).clamp_min(0).sqrt().clamp_min(1e-12)
     logits = scale * (dot / norm) + bias
-    labels = _labels(image_index, tokens.shape[0], logits.dtype)
     return -F.logsigmoid(labels * logits).sum()
 
 
-def xac_loss(image_tokens, phrase_features, image_index, scale, bias, temperature: float = 1.0, chunk: int = 512) -> torch.Tensor:
+def xac_loss(image_tokens, phrase_features, image_index, scale, bias, temperature: float = 1.0, chunk: int = 512,
+             phrase_ids=None) -> torch.Tensor:
     """L_xac: each phrase attends over each image's tokens, a = softmax_j(⟨c_k, u_mj⟩ / τ),
     v̂_mk = normalize(Σ_j a_j u_mj), logit = s⟨v̂_mk, c_k⟩ + b; labels and normalisation as L_npc.
 
@@ -162,10 +193,11 @@ def xac_loss(image_tokens, phrase_features, image_index, scale, bias, temperatur
     memory is that of one chunk (a few [M, chunk, J] tensors) whatever the number of phrases.
     """
     gram = image_tokens @ image_tokens.transpose(1, 2)  # G_m = U_m U_mᵀ, [M, J, J], shared by all chunks
+    labels = concept_labels(image_index, image_tokens.shape[0], image_tokens.dtype, phrase_ids)
     total = image_tokens.new_zeros(())
     K = phrase_features.shape[0]
     for start in range(0, K, chunk):
-        args = (image_tokens, gram, phrase_features[start:start + chunk], image_index[start:start + chunk], scale, bias, temperature)
+        args = (image_tokens, gram, phrase_features[start:start + chunk], labels[:, start:start + chunk], scale, bias, temperature)
         if torch.is_grad_enabled() and K > chunk:
             total = total + checkpoint(_xac_chunk, *args, use_reentrant=False)
         else:
@@ -208,6 +240,9 @@ class C2LIPLoss(nn.Module):
 
     ``concept_logit``: ``shared`` uses the model's s and b for the concept terms (the paper's choice);
     ``own`` gives them a learnable pair of their own, initialised from the model's values.
+
+    ``concept_labels``: ``occurrence`` labels a phrase positive only for the image it came from (the formula
+    as written); ``text`` for every image that has a phrase of the same text (:func:`concept_labels`).
     """
 
     def __init__(
@@ -218,6 +253,7 @@ class C2LIPLoss(nn.Module):
         xac_temperature: float = 1.0,
         xac_chunk: int = 512,
         concept_logit: Literal["shared", "own"] = "shared",
+        concept_labels: Literal["occurrence", "text"] = "occurrence",
         init_logit_scale: float | None = None,
         init_logit_bias: float | None = None,
     ):
@@ -229,6 +265,9 @@ class C2LIPLoss(nn.Module):
         self.lambda_npc, self.lambda_xac = float(lambda_npc), float(lambda_xac)
         self.xac_temperature, self.xac_chunk = float(xac_temperature), int(xac_chunk)
         self.concept_logit = concept_logit
+        if concept_labels not in ("occurrence", "text"):
+            raise ValueError(f"concept_labels must be 'occurrence' or 'text', got {concept_labels!r}")
+        self.concept_labels = concept_labels
         if concept_logit == "own":
             if init_logit_scale is None or init_logit_bias is None:
                 raise ValueError("concept_logit='own' needs init_logit_scale (log scale) and init_logit_bias")
@@ -258,12 +297,15 @@ class C2LIPLoss(nn.Module):
         phrase_features: torch.Tensor | None = None,
         phrase_image_index: torch.Tensor | None = None,
         image_tokens: torch.Tensor | None = None,
+        phrase_keys: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Loss terms of this rank's view of the global batch.
 
         image_features, text_features: [B, D], L2-normalised; logit_scale: s (already exponentiated);
         phrase_features: [K, D] normalised; phrase_image_index: [K], local image of each phrase;
-        image_tokens: [B, J, D] normalised token features (needed when λ_xac > 0).
+        image_tokens: [B, J, D] normalised token features (needed when λ_xac > 0);
+        phrase_keys: [K, ...] integers equal exactly for phrases of equal text, e.g. their token ids (needed
+        when concept_labels is ``text``).
         """
         images, counts = gather_rows(image_features)  # once, for the contrastive and the concept terms
         texts, _ = gather_rows(text_features)
@@ -276,13 +318,18 @@ class C2LIPLoss(nn.Module):
         phrases, _ = gather_rows(phrase_features)
         owner, _ = gather_rows(phrase_image_index + offset)  # global image index
         scale, bias = self.concept_scale_bias(logit_scale, logit_bias)
+        ids = None
+        if self.concept_labels == "text":
+            if phrase_keys is None:
+                raise ValueError("concept_labels='text' needs phrase_keys")
+            ids = text_ids(gather_ids(phrase_keys))
         if self.lambda_npc > 0:
-            losses["npc_loss"] = self.lambda_npc * npc_loss(images, phrases, owner, scale, bias)
+            losses["npc_loss"] = self.lambda_npc * npc_loss(images, phrases, owner, scale, bias, ids)
         if self.lambda_xac > 0:
             if image_tokens is None:
                 raise ValueError("L_xac needs image_tokens")
             tokens, _ = gather_rows(image_tokens)
-            losses["xac_loss"] = self.lambda_xac * xac_loss(tokens, phrases, owner, scale, bias, self.xac_temperature, self.xac_chunk)
+            losses["xac_loss"] = self.lambda_xac * xac_loss(tokens, phrases, owner, scale, bias, self.xac_temperature, self.xac_chunk, ids)
         return losses
 
     def step(self, towers, images, texts, phrase_tokens=None, phrase_inverse=None, phrase_image_index=None) -> dict[str, torch.Tensor]:
@@ -295,8 +342,9 @@ class C2LIPLoss(nn.Module):
             image_features, image_tokens = towers.encode_image(images), None
         text_features = towers.encode_text(texts)
         phrase_features = encode_concepts(model, phrase_tokens, phrase_inverse) if self.uses_concepts else None
+        keys = phrase_tokens[phrase_inverse] if self.uses_concepts and self.concept_labels == "text" else None
         return self(image_features, text_features, *towers.logit_scale_bias(), phrase_features=phrase_features,
-                    phrase_image_index=phrase_image_index, image_tokens=image_tokens)
+                    phrase_image_index=phrase_image_index, image_tokens=image_tokens, phrase_keys=keys)
 
 
 class HardExampleLoss(nn.Module):

@@ -45,6 +45,12 @@ class TrainDataParams(Strict):
         description="Caption field trained on (a key of each sample's captions); a list picks one of them per "
         "sample at random (seeded), as DreamLIP samples among its captions.",
     )
+    single_object_caption_field: str | None = Field(
+        None,
+        description="For a sample whose scene metadata lists exactly one object (ShapesWorld), train on this field "
+        "instead of caption_field: the web-like base's mix, where a photo of one thing carries a describing "
+        "alt-text and a crowded one only its bag of words (README 'The base model'). None: off.",
+    )
     crop_scale: tuple[float, float] = Field((0.9, 1.0), description="RandomResizedCrop area range.")
     shuffle_buffer: int = Field(2000, ge=1, description="Samples in the seeded shuffle buffer (one per epoch and rank).")
     workers: int = Field(1, ge=0, description="DataLoader worker processes per rank (0: decode in the training process).")
@@ -56,7 +62,7 @@ class TrainDataParams(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainDataParams":
-        for field in self.caption_fields:
+        for field in [*self.caption_fields, *filter(None, [self.single_object_caption_field])]:
             if not re.match(CAPTION_FIELD_PATTERN, field):
                 raise ValueError(f"caption_field: {field!r} is not a valid field name")
         low, high = self.crop_scale
@@ -129,6 +135,10 @@ class MethodParams(Strict):
     xac_temperature: float = Field(1.0, gt=0, description="Temperature of L_xac's attention softmax.")
     xac_chunk: int = Field(512, ge=1, description="Phrases per checkpointed L_xac chunk (memory, not maths).")
     concept_logit: Literal["shared", "own"] = Field("shared", description="Concept terms use the model's s, b (shared) or their own pair.")
+    concept_labels: Literal["occurrence", "text"] = Field(
+        "occurrence", description="Which (image, phrase) pairs the concept terms count as positive: occurrence, only the "
+        "image a phrase came from (the formula as written: the same phrase text from another image of the batch is a "
+        "negative); text, every image that has a phrase of that text (README 'What this shows').")
     hard_examples: HardExampleParams = Field(default_factory=HardExampleParams, description="negclip and hp_hn: hard negatives / positives.")
     clic: CLICParams = Field(default_factory=CLICParams, description="clic: loss weights and the trained towers.")
 

@@ -9,7 +9,13 @@ from typing import Any
 from components.shared.params import CompareParams
 from components.shared.reports import figure_png, pyplot
 
-GROUPS = ("compositional", "zero_shot", "retrieval")
+GROUPS = ("binding", "compositional", "zero_shot", "retrieval")  # binding: components.suite.report.BINDING_TASKS
+
+
+# train-metric columns of the report: (key in components.compare.TRAIN_FIGURES, column title)
+TRAIN_COLUMNS = (("logit_scale", "s"), ("logit_bias", "b"), ("zero_shot_top1_held_out_pairs", "zero-shot held-out"),
+                 ("zero_shot_held_out_predicted_as_seen", "as seen"), ("held_out_prompt_nearest_seen_cos", "held→seen cos"),
+                 ("seen_prompt_nearest_seen_cos", "seen→seen cos"))
 
 
 def _mean_sd(values: list[float]) -> tuple[float, float]:
@@ -84,6 +90,16 @@ def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, fl
     lines += ["## Every benchmark (headline metric, mean ± sd over seeds)", "", "| benchmark | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
     for task, metric in summary["headlines"].items():
         lines.append(f"| {task} ({metric}) | " + " | ".join(_cell(m[a].get(f"{task}/{metric}")) for a in arms) + " |")
+    geometry = [(key, label) for key, label in TRAIN_COLUMNS if any(f"train/{key}" in m[a] for a in arms)]
+    if geometry:
+        lines += ["", "## End of training: logit scale and bias, and where held-out pairs go (mean ± sd over seeds)", "",
+                  "Zero-shot on the single-object test images (16 classes). *as seen*: share of held-out images classified as a "
+                  "pair seen in training; *held→seen cos*: cosine of each held-out class's prompt embedding to the nearest "
+                  "seen class's; *seen→seen cos*: the same among seen classes. The curves of s and b by step: "
+                  "compare-logits.png.", "",
+                  "| arm | " + " | ".join(label for _, label in geometry) + " |", "|---|" + "---:|" * len(geometry)]
+        for arm in arms:
+            lines.append(f"| {arm} | " + " | ".join(_cell(m[arm].get(f"train/{key}")) for key, _ in geometry) + " |")
     lines += ["", "Training throughput (samples/s, one torch thread, two runs at a time): " +
               ", ".join(f"{a} {m[a]['train/samples_per_s']['mean']:.0f}" for a in arms if 'train/samples_per_s' in m[a]), ""]
     return "\n".join(lines)
@@ -122,4 +138,23 @@ def chart(summary: dict[str, Any]) -> bytes:
             ax.set_title("score per arm (bars: mean over seeds, dots: seeds)")
     axes[0].legend(fontsize=7, ncol=2, loc="upper left")
     fig.tight_layout()
+    return figure_png(fig)
+
+
+def logit_chart(curves: dict[str, tuple[str, list[dict]]]) -> bytes:
+    """The logit scale s and bias b by step, one line per run (colour: arm)."""
+    plt = pyplot()
+    arms = list(dict.fromkeys(arm for arm, _ in curves.values()))
+    colors = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), dpi=100)
+    for ax, key, title in zip(axes, ("logit_scale", "logit_bias"), ("logit scale s", "logit bias b")):
+        for arm, points in curves.values():
+            have = [p for p in points if key in p]
+            ax.plot([p["step"] for p in have], [p[key] for p in have], color=colors(arms.index(arm) % 10), lw=1, alpha=0.8)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], color=colors(i % 10), label=arm) for i, arm in enumerate(arms)]
+    fig.legend(handles=handles, loc="center right", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 0.84, 1))
     return figure_png(fig)

@@ -67,4 +67,25 @@ class ShapesWorldZeroShot:
         if held.any():
             out["zero_shot_top1_held_out_pairs"] = correct[held].mean().item()
             out["zero_shot_top1_seen_pairs"] = correct[~held].mean().item()
+            out.update(self.held_out_geometry(classifier, predicted))
         return out
+
+    def held_out_geometry(self, classifier: torch.Tensor, predicted: list[tuple[str, str]]) -> dict[str, float]:
+        """Where held-out pairs go: the share of held-out images classified as a pair seen in training, and how
+        close each held-out class's prompt embedding lies to the nearest seen class's (cosine; for contrast, the
+        same for seen classes among themselves). A model that folds unseen pairs onto seen ones raises both."""
+        held_pairs = {label for label, h in zip(self.labels, self.held) if h}
+        seen_pairs = set(self.classes) - held_pairs
+        held_images = [p for p, h in zip(predicted, self.held) if h]
+        weights = classifier.T  # [classes, D], normalised class embeddings
+        index = {c: i for i, c in enumerate(self.classes)}
+
+        def nearest_seen(pair: tuple[str, str]) -> float:
+            others = [index[c] for c in self.classes if c in seen_pairs and c != pair]
+            return float((weights[others] @ weights[index[pair]]).max())
+
+        return {
+            "zero_shot_held_out_predicted_as_seen": sum(p in seen_pairs for p in held_images) / len(held_images),
+            "held_out_prompt_nearest_seen_cos": sum(nearest_seen(c) for c in held_pairs) / len(held_pairs),
+            "seen_prompt_nearest_seen_cos": sum(nearest_seen(c) for c in seen_pairs) / len(seen_pairs),
+        }
