@@ -257,6 +257,23 @@ def test_deduplicated_phrases_give_the_same_loss_and_gradients():
         assert _close(grads_a[name], grads_b[name]), (name, (grads_a[name] - grads_b[name]).abs().max())
 
 
+def test_frozen_phrases_leave_the_text_tower_to_the_contrastive_term():
+    model, tokenizer = _model(TINY_SIGLIP)
+    images, texts = _images(), tokenizer([f"caption {i}" for i in range(6)])
+    grads = {}
+    for frozen in (False, True):
+        module = TrainingModule(model, C2LIPLoss(lambda_xac=0.5, concept_text_grad=not frozen))
+        module.zero_grad()
+        terms = module(images, texts, **concept_batch(PHRASES, tokenizer))
+        (terms["npc_loss"] + terms["xac_loss"]).backward()  # the concept terms alone
+        grads[frozen] = {n: None if p.grad is None else p.grad.abs().sum().item() for n, p in model.named_parameters()}
+    text = [n for n in grads[True] if n.startswith("text.")]  # TINY_SIGLIP: a timm image tower, a custom text tower
+    image = [n for n in grads[True] if n.startswith("visual.")]
+    assert text and image
+    assert all(not grads[True][n] for n in text) and any(grads[False][n] for n in text)  # frozen: no text-tower gradient
+    assert any(grads[True][n] for n in image)  # the image tower still learns from the concept terms
+
+
 def test_own_concept_logit_pair_starts_from_the_model_and_learns():
     model, tokenizer = _model(TINY_CLIP)  # no logit bias: the concept terms need their own pair
     with pytest.raises(ValueError, match="concept_logit='own'"):

@@ -243,6 +243,9 @@ class C2LIPLoss(nn.Module):
 
     ``concept_labels``: ``occurrence`` labels a phrase positive only for the image it came from (the formula
     as written); ``text`` for every image that has a phrase of the same text (:func:`concept_labels`).
+
+    ``concept_text_grad`` False: the phrase embeddings are computed without gradient, so the concept terms
+    move the image tower (and s, b) but never the text tower (an ablation: which tower carries their effects).
     """
 
     def __init__(
@@ -254,6 +257,7 @@ class C2LIPLoss(nn.Module):
         xac_chunk: int = 512,
         concept_logit: Literal["shared", "own"] = "shared",
         concept_labels: Literal["occurrence", "text"] = "occurrence",
+        concept_text_grad: bool = True,
         init_logit_scale: float | None = None,
         init_logit_bias: float | None = None,
     ):
@@ -268,6 +272,7 @@ class C2LIPLoss(nn.Module):
         if concept_labels not in ("occurrence", "text"):
             raise ValueError(f"concept_labels must be 'occurrence' or 'text', got {concept_labels!r}")
         self.concept_labels = concept_labels
+        self.concept_text_grad = bool(concept_text_grad)
         if concept_logit == "own":
             if init_logit_scale is None or init_logit_bias is None:
                 raise ValueError("concept_logit='own' needs init_logit_scale (log scale) and init_logit_bias")
@@ -341,7 +346,10 @@ class C2LIPLoss(nn.Module):
         else:
             image_features, image_tokens = towers.encode_image(images), None
         text_features = towers.encode_text(texts)
-        phrase_features = encode_concepts(model, phrase_tokens, phrase_inverse) if self.uses_concepts else None
+        phrase_features = None
+        if self.uses_concepts:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and self.concept_text_grad):
+                phrase_features = encode_concepts(model, phrase_tokens, phrase_inverse)
         keys = phrase_tokens[phrase_inverse] if self.uses_concepts and self.concept_labels == "text" else None
         return self(image_features, text_features, *towers.logit_scale_bias(), phrase_features=phrase_features,
                     phrase_image_index=phrase_image_index, image_tokens=image_tokens, phrase_keys=keys)

@@ -29,7 +29,7 @@ def _c2lip_loss(m, model: nn.Module) -> C2LIPLoss:
     bias = getattr(model, "logit_bias", None)
     return C2LIPLoss(contrastive=m.contrastive, lambda_npc=m.lambda_npc, lambda_xac=m.lambda_xac,
                      xac_temperature=m.xac_temperature, xac_chunk=m.xac_chunk, concept_logit=m.concept_logit,
-                     concept_labels=m.concept_labels,
+                     concept_labels=m.concept_labels, concept_text_grad=m.concept_text_grad,
                      init_logit_scale=float(model.logit_scale.detach().reshape(-1)[0]),
                      init_logit_bias=float(bias.detach().reshape(-1)[0]) if bias is not None else 0.0)
 

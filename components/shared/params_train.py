@@ -139,6 +139,9 @@ class MethodParams(Strict):
         "occurrence", description="Which (image, phrase) pairs the concept terms count as positive: occurrence, only the "
         "image a phrase came from (the formula as written: the same phrase text from another image of the batch is a "
         "negative); text, every image that has a phrase of that text (README 'What this shows').")
+    concept_text_grad: bool = Field(
+        True, description="False: no gradient through the phrase embeddings, so the concept terms train the image "
+        "tower and s, b only (the diagnosis's ablation: which tower carries their costs).")
     hard_examples: HardExampleParams = Field(default_factory=HardExampleParams, description="negclip and hp_hn: hard negatives / positives.")
     clic: CLICParams = Field(default_factory=CLICParams, description="clic: loss weights and the trained towers.")
 
