@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from pydantic import ValidationError
 from conftest import HANG_S, REPO, tiny_training_data
+from pydantic import ValidationError
 
 from components import train as train_stage
 from components.data import stream

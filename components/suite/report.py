@@ -8,7 +8,6 @@ from typing import Any
 from components.shared.reports import figure_png, pyplot
 from components.suite import formats
 
-
 # The tests whose negatives differ from the caption only in which attribute goes with which object: what a bag of
 # words cannot pass (C2LIP's target). Their mean is the ``binding`` group, beside the benchmark groups.
 BINDING_TASKS = ("sugarcrepe/swap_att", "sugarcrepe_pp/swap_att", "winoground")
