@@ -82,10 +82,10 @@ class ShapesWorldZeroShot:
 
         def nearest_seen(pair: tuple[str, str]) -> float:
             others = [index[c] for c in self.classes if c in seen_pairs and c != pair]
-            return float((weights[others] @ weights[index[pair]]).max())
+            return float((weights[others] @ weights[index[pair]]).max()) if others else float("nan")  # a 1-pair world
 
         return {
             "zero_shot_held_out_predicted_as_seen": sum(p in seen_pairs for p in held_images) / len(held_images),
             "held_out_prompt_nearest_seen_cos": sum(nearest_seen(c) for c in held_pairs) / len(held_pairs),
-            "seen_prompt_nearest_seen_cos": sum(nearest_seen(c) for c in seen_pairs) / len(seen_pairs),
+            "seen_prompt_nearest_seen_cos": sum(nearest_seen(c) for c in seen_pairs) / max(len(seen_pairs), 1),
         }
