@@ -419,7 +419,7 @@ def _table_run(tmp_path, rows, download, encoding="utf-8", image_root=None):
         writer.writerow(["url", "caption"])
         writer.writerows(rows)
     table = {"path": str(tmp_path / "t.csv"), "caption_columns": {"long": "caption"}, "image_column": "url",
-             "download": {"timeout_s": 5, "retries": 0, **download}}  # 5 s: a loaded machine's answers come in time
+             "download": {"timeout_s": 15, "retries": 0, **download}}  # 15 s: a loaded machine's answers come in time
     if image_root:
         table["image_root"] = str(image_root)
     params = CaptionsParams.model_validate({"source": "table", "caption_field": "long", "shard_size": 10, "workers": 1,
@@ -454,7 +454,7 @@ def test_a_body_that_stalls_or_is_cut_off_is_a_counted_skip_not_a_crash(tmp_path
     port, _ = hostile
     rows = [(f"http://127.0.0.1:{port}/stall.jpg", "stalls"), (f"http://127.0.0.1:{port}/cut.jpg", "cut off"),
             (f"http://127.0.0.1:{port}/good.jpg", "fine")]
-    stats, _ = _table_run(tmp_path, rows, {"allow_hosts": ["127.0.0.1"]})  # timeout_s 5 < the 60 s stall
+    stats, _ = _table_run(tmp_path, rows, {"allow_hosts": ["127.0.0.1"]})  # timeout_s 15 < the 60 s stall
     assert stats["skipped"] == {"timeout": 1, "connection_error": 1} and stats["samples_written"] == 1
 
 

@@ -143,7 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._send(200, BIG, length=False)
         elif path == "/slow.jpg":
-            time.sleep(15)  # far past timeout_s, so a loaded machine cannot turn it into an answer
+            time.sleep(30)  # far past timeout_s (8 s), so a loaded machine cannot turn it into an answer
             self._send(200, GOOD)
         elif path == "/flaky.jpg":
             self._send(503) if self.hits[path] == 1 else self._send(200, GOOD)
@@ -198,7 +198,7 @@ def _table_params(tmp_path, path):
         tmp_path, source="table", caption_field="long", shard_size=4,
         table={
             "path": str(path), "chunk_rows": 3,
-            "download": {"concurrency": 4, "timeout_s": 3, "retries": 2, "backoff_s": 0.01, "max_bytes": 4096,
+            "download": {"concurrency": 4, "timeout_s": 8, "retries": 2, "backoff_s": 0.01, "max_bytes": 4096,
                          "allow_hosts": ["127.0.0.1"]},  # the test server: loopback is refused by default
         },
     )
