@@ -12,7 +12,7 @@ from components.shared.reports import figure_png, pyplot
 GROUPS = ("binding", "compositional", "zero_shot", "retrieval")  # binding: components.suite.report.BINDING_TASKS
 
 
-# train-metric columns of the report: (key in components.compare.TRAIN_FIGURES, column title)
+# train-metric columns of the report: (key of the train stage's final metrics, column title); components.compare keeps these
 TRAIN_COLUMNS = (("logit_scale", "s"), ("logit_bias", "b"), ("zero_shot_top1_held_out_pairs", "zero-shot held-out"),
                  ("zero_shot_held_out_predicted_as_seen", "as seen"), ("held_out_prompt_nearest_seen_cos", "held→seen cos"),
                  ("seen_prompt_nearest_seen_cos", "seen→seen cos"))
