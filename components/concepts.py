@@ -57,30 +57,54 @@ def normalise(text: str) -> str:
     return text
 
 
+NOUN_TAGS = frozenset({"NN", "NNS", "NNP", "NNPS"})
+
+
+def split_merged(chunk) -> list[tuple[int, int]]:
+    """(start, end) token spans of the phrases inside one noun chunk that spaCy merged from a list: cut at
+    'and' / 'or' / ',' right after a noun ("cheese and marinara sauce"; never "black and white", where an
+    adjective comes before); the cut word is dropped."""
+    doc, spans, start = chunk.doc, [], chunk.start
+    for k in range(chunk.start + 1, chunk.end - 1):
+        if doc[k].lower_ in ("and", "or", ",") and doc[k - 1].tag_ in NOUN_TAGS and k > start:
+            spans.append((start, k))
+            start = k + 1
+    spans.append((start, chunk.end))
+    return spans
+
+
 def phrases_from_doc(doc, rules: PhraseRules) -> tuple[list[str], int]:
     """Concept phrases of a parsed caption, in order; also how many phrases were cut to max_words."""
     stop_phrases = {normalise(p) for p in rules.stop_phrases}
     stop_heads = {h.lower() for h in rules.stop_heads}
+    of_heads = {h.lower() for h in rules.of_heads}
     phrases, seen, cut = [], set(), 0
     for chunk in doc.noun_chunks:
-        if rules.drop_pronouns and all(t.pos_ == "PRON" for t in chunk):
-            continue
-        words = chunk.text.split()  # also normalises whitespace (newlines, tabs, doubled spaces)
-        if not words:
-            continue
-        if chunk[0].is_sent_start and chunk[0].pos_ == "DET":
-            words[0] = words[0].lower()  # "A red circle is ..." gives "a red circle"; names keep their case
-        if normalise(" ".join(words)) in stop_phrases or chunk.root.text.lower() in stop_heads:
-            continue
-        if len(words) > rules.max_words:
-            words, cut = words[-rules.max_words:], cut + 1
-        phrase = " ".join(words)
-        if normalise(phrase) in seen:  # "a dog" then "the dog": one concept
-            continue
-        seen.add(normalise(phrase))
-        phrases.append(phrase)
-        if len(phrases) == rules.max_phrases:
-            break
+        spans = split_merged(chunk) if rules.split_merged_chunks else [(chunk.start, chunk.end)]
+        for start, end in spans:
+            span = doc[start:end]
+            head = span[-1] if rules.split_merged_chunks else chunk.root
+            if rules.drop_pronouns and all(t.pos_ == "PRON" for t in span):
+                continue
+            following = doc[end] if end < len(doc) else None
+            if head.lower_ in of_heads and following is not None and (following.lower_ == "of" or following.tag_ in NOUN_TAGS):
+                continue  # "a group of kids", "in front of a car": the object that follows is the concept
+            words = span.text.split()  # also normalises whitespace (newlines, tabs, doubled spaces)
+            if not words:
+                continue
+            if span[0].is_sent_start and span[0].pos_ == "DET":
+                words[0] = words[0].lower()  # "A red circle is ..." gives "a red circle"; names keep their case
+            if normalise(" ".join(words)) in stop_phrases or head.lower_ in stop_heads:
+                continue
+            if len(words) > rules.max_words:
+                words, cut = words[-rules.max_words:], cut + 1
+            phrase = " ".join(words)
+            if normalise(phrase) in seen:  # "a dog" then "the dog": one concept
+                continue
+            seen.add(normalise(phrase))
+            phrases.append(phrase)
+            if len(phrases) == rules.max_phrases:
+                return phrases, cut
     return phrases, cut
 
 
@@ -151,6 +175,37 @@ def phrase_quality(extracted: list[list[str]], truth: list[list[str]]) -> dict[s
         "precision": round(object_like / extracted_total, 4) if extracted_total else None,
         "captions": len(truth),
     }
+
+
+# Words a hand-labelled phrase may or may not start with and still name the same concept ("his laptop",
+# "two zebras", "another cat"): stripped from the front before gold phrases and extracted ones are compared.
+GOLD_LEADING_WORDS = frozenset(
+    "a an the this that these those his her its their my your our it's some several many few one two three four "
+    "five six seven eight nine ten another other each both all any".split()
+)
+
+
+def phrase_key(phrase: str) -> str:
+    """How a phrase is compared with the gold set's: lower-case, single spaces, leading determiners,
+    possessives and quantifiers dropped."""
+    words = phrase.lower().split()
+    while len(words) > 1 and words[0] in GOLD_LEADING_WORDS:
+        words = words[1:]
+    return " ".join(words)
+
+
+def gold_quality(extracted: list[list[str]], gold: list[list[str]]) -> dict[str, float]:
+    """Phrase precision and recall against hand-labelled phrases (tests/data/noun_phrases_gold.jsonl):
+    per caption, the distinct keys (:func:`phrase_key`) extracted and labelled; precision = shared /
+    extracted, recall = shared / labelled, both over all captions."""
+    shared = n_extracted = n_gold = 0
+    for phrases, labels in zip(extracted, gold, strict=True):
+        got, want = {phrase_key(p) for p in phrases}, {phrase_key(p) for p in labels}
+        shared += len(got & want)
+        n_extracted += len(got)
+        n_gold += len(want)
+    return {"precision": shared / n_extracted if n_extracted else 0.0, "recall": shared / n_gold if n_gold else 0.0,
+            "captions": len(gold), "extracted": n_extracted, "labelled": n_gold}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -221,10 +221,33 @@ class PhraseRules(Strict):
     stop_heads: list[str] = Field(
         default_factory=lambda: [
             "image", "images", "picture", "pictures", "photo", "photos", "photograph", "background",
-            "foreground", "left", "right", "top", "bottom", "side", "center", "centre", "middle", "shape",
+            "foreground", "left", "right", "top", "bottom", "center", "centre", "middle", "shape",
             "shapes", "view", "scene", "frame",
+            # not things a picture shows: where or when ("in the air", "at night", "at home", "on display"),
+            # activities ("playing a game", "doing a trick"), amounts ("in half")
+            "air", "day", "night", "today", "time", "distance", "wild", "home", "display", "half", "trick", "game",
+            "lunch", "dinner", "breakfast",
         ],
-        description="Chunks whose head noun is one of these are dropped ('a plain white background', 'the left side').",
+        description="Chunks whose head noun is one of these are dropped ('a plain white background', 'the air').",
+    )
+    of_heads: list[str] = Field(
+        default_factory=lambda: [
+            # partitives: the members are the concept ("a group of kids" -> "kids", "a couple men" -> "men")
+            "group", "groups", "herd", "flock", "bunch", "couple", "pair", "trio", "lots", "lot", "assortment",
+            "variety", "number", "copse", "set", "sets", "row", "rows", "slice", "piece", "pieces", "bite", "swirl",
+            "body", "kind", "kinds", "type", "types", "sort", "array", "selection", "collection", "pile", "stack",
+            # parts and sides: the whole is the concept ("in front of a car" -> "car", "the back of a sofa")
+            "front", "back", "side", "edge", "corner", "end", "rest", "part", "inside", "outside",
+            # the medium: what it shows is the concept ("a drawing of a woman" -> "woman")
+            "drawing", "painting", "sketch", "illustration", "close-up", "closeup",
+        ],
+        description="Chunks whose head noun is one of these are dropped when 'of' or a noun follows the chunk: its "
+        "object comes as a phrase of its own ('a herd of sheep' -> 'sheep'; 'a hill side' and 'a yellow front' stay).",
+    )
+    split_merged_chunks: bool = Field(
+        True,
+        description="Split a chunk spaCy merged from a list: at 'and', 'or' or ',' after a noun ('cheese and marinara "
+        "sauce' -> 'cheese', 'marinara sauce'; 'a black and white dog' stays one).",
     )
     fallback_to_caption: bool = Field(
         True, description="When no phrase is left, use the whole caption (as the released C2LIP code does)."
