@@ -27,11 +27,14 @@ from components.shared.params import EvalModelSpec, load_params  # noqa: E402
 
 def evaluate_per_benchmark(model, preprocess, tokenizer, tasks, params) -> dict[str, dict[str, float]]:
     """The baseline: every benchmark encodes its own images and texts (the stage shares them)."""
-    ev.build_classifiers(model, tokenizer, tasks)
+    classifiers = ev.build_classifiers(model, tokenizer, tasks)
     results = {}
     for task in tasks:
         images = ev.encode_images(model, preprocess, task.images, params.image_batch, params.workers, task.name)
-        texts = ev.encode_texts(model, tokenizer, task.texts, params.text_batch, task.name) if task.texts else torch.zeros(0, images.shape[1])
+        if task.needs_classifier is not None:
+            texts = classifiers[task.name]
+        else:
+            texts = ev.encode_texts(model, tokenizer, task.texts, params.text_batch, task.name) if task.texts else torch.zeros(0, images.shape[1])
         results[task.name] = ev.score_task(task, images, texts)
     return results
 

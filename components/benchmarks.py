@@ -8,10 +8,12 @@ From the held-out test split of the world in ``params/captions.yaml`` (the same 
   images/                     test_NNNNNN.jpg, plus wino_NNNNNN_{color,position}.jpg (Winoground partners)
   sugar_crepe/<subset>.json   SugarCrepe: dict "0".. → {filename, caption, negative_caption}
   sugar_crepe_pp/<subset>.json  SugarCrepe++: list of {id, filename, caption, caption2, negative_caption}
-  hard_positives/<subset>.json and <subset>_swapped.json   aligned lists of {image_id, true_caption,
-                              false_caption, image_path}: (c, c_n) and (c_p, c_n); c_p replaces the size
-                              words (replace_att) or the relation (replace_rel) by synonyms, or reorders
-                              the caption ("X left of Y" → "Y right of X", swap)
+  hard_positives/{data,swapped_data}/<file>   the release's layout and file names (vl_checklist_attributes,
+                              vl_checklist_relations, visual_genome_attribution .json): aligned lists of
+                              {image_id, true_caption, false_caption, image_path}, (c, c_n) under data/ and
+                              (c_p, c_n) under swapped_data/; c_p replaces the size words (replace_att) or the
+                              relation (replace_rel) by synonyms, or reorders the caption ("X left of Y" →
+                              "Y right of X", swap; whole images: a reordered caption names every object)
   aro/visual_genome_{relation,attribution}.json   ARO with bboxes (the two objects' union box)
   winoground/examples.jsonl   {id, caption_0, caption_1, image_0, image_1, tag}
   zero_shot/<color>_<shape>/  single-object images by class; classnames.txt, held_out_classes.txt
@@ -43,11 +45,12 @@ from components.data import shapesworld
 from components.data import shapesworld_rules as rules
 from components.shared.atomic import atomic_write_json, remove_inside
 from components.shared.params import BenchmarksParams, CaptionsParams, ParamsError, load_params
+from components.shared.params_eval import HARD_POSITIVE_FILES
 from components.shared.processes import stage_process_setup
 
 SUGARCREPE_SUBSETS = ["add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]
 SUGARCREPE_PP_SUBSETS = ["replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]
-HARD_POSITIVE_SUBSETS = ["replace_att", "replace_rel", "swap"]
+HARD_POSITIVE_SUBSETS = list(HARD_POSITIVE_FILES)
 ARO_MARGIN = 2.0  # pixels around the union box, as VG boxes include a little context
 
 
@@ -173,8 +176,8 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
     for kind, items in scpp.items():
         atomic_write_json(out / "sugar_crepe_pp" / f"{kind}.json", items)
     for kind, (original, swapped) in hp.items():
-        atomic_write_json(out / "hard_positives" / f"{kind}.json", original)
-        atomic_write_json(out / "hard_positives" / f"{kind}_swapped.json", swapped)
+        atomic_write_json(out / "hard_positives" / "data" / HARD_POSITIVE_FILES[kind], original)
+        atomic_write_json(out / "hard_positives" / "swapped_data" / HARD_POSITIVE_FILES[kind], swapped)
     atomic_write_json(out / "aro" / "visual_genome_relation.json", aro_rel)
     atomic_write_json(out / "aro" / "visual_genome_attribution.json", aro_att)
     (out / "winoground" / "examples.jsonl").write_text("".join(json.dumps(w) + "\n" for w in wino))

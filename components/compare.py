@@ -166,14 +166,18 @@ def applicable_suite(ev: EvaluateParams) -> list[str]:
     """Drop (in place) the benchmarks a world variant's suite has no items for — relations in a world of
     single objects, zero-shot classification in a world without them — and return their names."""
     b, dropped = ev.benchmarks, []
-    for name in ("sugarcrepe", "sugarcrepe_pp", "hard_positives"):
+    for name in ("sugarcrepe", "sugarcrepe_pp"):
         source = getattr(b, name)
         if not source.enabled:
             continue
-        pattern = getattr(source, "original_file", "{subset}.json")
-        keep = [s for s in source.subsets if _items(source.data_root / pattern.format(subset=s))]
+        keep = [s for s in source.subsets if _items(source.data_root / f"{s}.json")]
         dropped += [f"{name}/{s}" for s in source.subsets if s not in keep]
         source.subsets, source.enabled = (keep, True) if keep else (source.subsets, False)
+    hp = b.hard_positives
+    if hp.enabled:
+        keep = {s: f for s, f in hp.files.items() if _items(hp.data_root / hp.original_dir / f)}
+        dropped += [f"hard_positives/{s}" for s in hp.files if s not in keep]
+        hp.files, hp.enabled = (keep, True) if keep else (hp.files, False)
     if b.aro.enabled:
         for key, label in (("relation_file", "aro/vg_relation"), ("attribution_file", "aro/vg_attribution")):
             if getattr(b.aro, key) and not _items(b.aro.data_root / getattr(b.aro, key)):

@@ -37,6 +37,7 @@ from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
 from components.shared.safe_load import UnsafeCheckpointError, load_torch_file
 from components.shared.stage_code import stage_code
+from components.suite import aro as aro_formats
 from components.suite import formats
 from components.suite.report import bar_chart, flat_metrics, markdown_report
 
@@ -64,25 +65,25 @@ def load_suite(params: EvaluateParams, nlp_loader=None) -> list[formats.Task]:
             tasks.append(formats.sugarcrepe_pp(b.sugarcrepe_pp.data_root / f"{subset}.json", b.sugarcrepe_pp.images, f"sugarcrepe_pp/{subset}"))
     hp = b.hard_positives
     if hp.enabled:
-        for subset in hp.subsets:
-            tasks.append(formats.hard_positives(hp.data_root / hp.original_file.format(subset=subset),
-                                           hp.data_root / hp.swapped_file.format(subset=subset), hp.images, f"hard_positives/{subset}"))
+        for subset, file in hp.files.items():
+            tasks.append(formats.hard_positives(hp.data_root / hp.original_dir / file, hp.data_root / hp.swapped_dir / file,
+                                                hp.images_of(subset), f"hard_positives/{subset}"))
     aro = b.aro
     if aro.enabled:
         if aro.relation_file:
-            tasks.append(formats.aro_vg(aro.data_root / aro.relation_file, aro.images, "aro/vg_relation", "relation"))
+            tasks.append(aro_formats.aro_vg(aro.data_root / aro.relation_file, aro.images, "aro/vg_relation", "relation"))
         if aro.attribution_file:
-            tasks.append(formats.aro_vg(aro.data_root / aro.attribution_file, aro.images, "aro/vg_attribution", "attribution"))
+            tasks.append(aro_formats.aro_vg(aro.data_root / aro.attribution_file, aro.images, "aro/vg_attribution", "attribution"))
         if aro.order_files:
             nlp = (nlp_loader or load_tagger)(params.spacy_model)
             for name, file in aro.order_files.items():
-                tasks.append(formats.aro_order(aro.data_root / file, aro.images, f"aro/{name}", aro.order_split,
+                tasks.append(aro_formats.aro_order(aro.data_root / file, aro.images, f"aro/{name}", aro.order_split,
                                           aro.order_captions_per_image, nlp, params.order_seed))
     if b.winoground.enabled:
         tasks.append(formats.winoground(b.winoground.data_root / b.winoground.file, b.winoground.images, "winoground"))
     zs = b.zero_shot
     if zs.enabled:
-        tasks.append(formats.zero_shot(zs.data_root, "zero_shot", zs.templates, zs.classnames_file, zs.held_out_file))
+        tasks.append(formats.zero_shot(zs.data_root, "zero_shot", zs.templates, zs.classnames_file, zs.held_out_file, zs.readable_names))
     if b.retrieval.enabled:
         for name, file in b.retrieval.files.items():
             tasks.append(formats.retrieval(b.retrieval.data_root / file, b.retrieval.images, f"retrieval/{name}", b.retrieval.split))
@@ -266,15 +267,18 @@ def encode_texts(model, tokenizer, texts: list[str], batch: int, desc: str, prog
     return torch.cat(out)
 
 
-def build_classifiers(model, tokenizer, tasks: list[formats.Task]) -> None:
+def build_classifiers(model, tokenizer, tasks: list[formats.Task]) -> dict[str, torch.Tensor]:
+    """This model's class embeddings [classes, D] per zero-shot task name (open_clip's classifier:
+    templates averaged per class). Returned, never stored on the shared tasks: see formats.Task."""
     import open_clip
 
-    for task in tasks:
-        if task.needs_classifier is not None:
-            task.classifier = open_clip.build_zero_shot_classifier(
-                model, tokenizer, classnames=task.needs_classifier["classnames"], templates=task.needs_classifier["templates"],
-                num_classes_per_batch=16, device="cpu",
-            ).float()
+    return {
+        task.name: open_clip.build_zero_shot_classifier(
+            model, tokenizer, classnames=task.needs_classifier["classnames"], templates=task.needs_classifier["templates"],
+            num_classes_per_batch=16, device="cpu",
+        ).float().T
+        for task in tasks if task.needs_classifier is not None
+    }
 
 
 def score_task(task: formats.Task, images: torch.Tensor, texts: torch.Tensor) -> dict[str, float]:
@@ -305,11 +309,14 @@ def evaluate_shared(model, preprocess, tokenizer, tasks: list[formats.Task], par
     images = encode_images(model, preprocess, list(image_index), params.image_batch, params.workers, f"{label} images", progress)
     texts = (encode_texts(model, tokenizer, list(text_index), params.text_batch, f"{label} texts", progress) if text_index
              else torch.zeros(0, images.shape[1]))
-    build_classifiers(model, tokenizer, tasks)
+    classifiers = build_classifiers(model, tokenizer, tasks)
     results = {}
     for task in tasks:
         I = images[torch.tensor([image_index[r] for r in task.images], dtype=torch.long)]
-        T = texts[torch.tensor([text_index[t] for t in task.texts], dtype=torch.long)] if task.texts else texts
+        if task.needs_classifier is not None:
+            T = classifiers[task.name]
+        else:
+            T = texts[torch.tensor([text_index[t] for t in task.texts], dtype=torch.long)] if task.texts else texts
         results[task.name] = score_task(task, I, T)
     return results
 

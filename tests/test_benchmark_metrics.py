@@ -41,15 +41,20 @@ def test_macro_accuracy_weights_groups_equally():
     correct = T([1, 1, 1, 0, 0])
     out = bm.macro_accuracy(correct, ["on", "on", "on", "on", "under"])
     assert out["macro_acc"] == pytest.approx((0.75 + 0.0) / 2) and out["micro_acc"] == pytest.approx(0.6)
-    assert out["groups"] == 2
+    assert out["groups"] == 2 and out["macro_acc_all_groups"] == out["macro_acc"]
+    counted = bm.macro_accuracy(correct, ["on", "on", "on", "on", "under"], counted={"on"})
+    assert counted["macro_acc"] == pytest.approx(0.75) and counted["groups"] == 1
+    assert counted["macro_acc_all_groups"] == pytest.approx(0.375)
+    assert "macro_acc" not in bm.macro_accuracy(correct, ["on"] * 5, counted={"under"})  # no counted group present
     with pytest.raises(ValueError, match="group labels"):
         bm.macro_accuracy(correct, ["on"])
 
 
-def test_order_precision_at_1_needs_the_true_caption_above_every_shuffle():
+def test_order_precision_at_1_is_the_argmax_with_the_true_caption_first():
     true = T([0.9, 0.5, 0.7])
     shuffled = T([[0.1, 0.2, 0.3, 0.4], [0.1, 0.5, 0.2, 0.3], [0.8, 0.1, 0.1, 0.1]])  # win, tie, loss
-    assert bm.order_precision_at_1(true, shuffled) == pytest.approx(1 / 3)
+    assert bm.order_precision_at_1(true, shuffled) == pytest.approx(2 / 3)  # ARO: a tie keeps the true caption
+    assert bm.order_precision_at_1(true, shuffled, ties_count_right=False) == pytest.approx(1 / 3)
 
 
 def test_winoground_text_image_and_group_scores():

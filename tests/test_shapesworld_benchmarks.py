@@ -12,6 +12,7 @@ from components import benchmarks as stage
 from components.data import shapesworld as sw
 from components.data import shapesworld_rules as rules
 from components.shared.params import BenchmarksParams, ShapesWorldParams
+from components.suite import aro
 from components.suite import formats as bd
 
 
@@ -99,10 +100,10 @@ def test_benchmarks_stage_writes_every_benchmark_readable_by_the_evaluate_reader
     images = out / "images"
     tasks = [bd.sugarcrepe(out / "sugar_crepe" / f"{k}.json", images, k) for k in stage.SUGARCREPE_SUBSETS]
     tasks += [bd.sugarcrepe_pp(out / "sugar_crepe_pp" / f"{k}.json", images, k) for k in stage.SUGARCREPE_PP_SUBSETS]
-    tasks += [bd.hard_positives(out / "hard_positives" / f"{k}.json", out / "hard_positives" / f"{k}_swapped.json", images, k)
-              for k in stage.HARD_POSITIVE_SUBSETS]
-    tasks += [bd.aro_vg(out / "aro" / "visual_genome_relation.json", images, "rel", "relation"),
-              bd.aro_vg(out / "aro" / "visual_genome_attribution.json", images, "att", "attribution"),
+    tasks += [bd.hard_positives(out / "hard_positives" / "data" / f, out / "hard_positives" / "swapped_data" / f, images, k)
+              for k, f in stage.HARD_POSITIVE_FILES.items()]
+    tasks += [aro.aro_vg(out / "aro" / "visual_genome_relation.json", images, "rel", "relation"),
+              aro.aro_vg(out / "aro" / "visual_genome_attribution.json", images, "att", "attribution"),
               bd.winoground(out / "winoground" / "examples.jsonl", images, "wino"),
               bd.zero_shot(out / "zero_shot", "zs", ["a {}."], "classnames.txt", "held_out_classes.txt"),
               bd.retrieval(out / "retrieval" / "karpathy_test.json", images, "ret", "test")]

@@ -72,11 +72,36 @@ class SugarCrepePPParams(BenchmarkSource):
         min_length=1, description="Subsets read, each from <data_root>/<subset>.json.")
 
 
+# The hard-positives release (amitakamath/hard_positives): the same file name under data/ (c, c_n) and
+# swapped_data/ (c_p, c_n); SWAP is ARO's VG-Attribution file, cropped to each item's box.
+HARD_POSITIVE_FILES = {
+    "replace_att": "vl_checklist_attributes.json",
+    "replace_rel": "vl_checklist_relations.json",
+    "swap": "visual_genome_attribution.json",
+}
+
+
 class HardPositivesParams(BenchmarkSource):
-    subsets: list[str] = Field(default_factory=lambda: ["replace_att", "replace_rel", "swap"], min_length=1,
-                               description="Subsets (REPLACE att/rel, SWAP).")
-    original_file: str = Field("{subset}.json", description="Originals (c, c_n), a pattern of the subset name.")
-    swapped_file: str = Field("{subset}_swapped.json", description="Hard positives (c_p, c_n), aligned with the originals.")
+    """data_root: the release folder (or ShapesWorld's, written in the release layout)."""
+
+    files: dict[str, str] = Field(default_factory=lambda: dict(HARD_POSITIVE_FILES), min_length=1,
+                                  description="Subset -> file name, found under original_dir and swapped_dir alike.")
+    original_dir: str = Field("data", description="Folder under data_root of the originals (c, c_n).")
+    swapped_dir: str = Field("swapped_data", description="Folder under data_root of the hard positives (c_p, c_n), aligned with the originals.")
+    image_roots: dict[str, Path] = Field(
+        default_factory=dict,
+        description="Subset -> folder its image paths are relative to, where it differs from image_root (the release's "
+        "SWAP paths are relative to ARO's VG image folder, its REPLACE paths to the VL-CheckList image folder).")
+
+    def images_of(self, subset: str) -> Path:
+        return self.image_roots.get(subset, self.images)
+
+    @model_validator(mode="after")
+    def _check_subsets(self) -> "HardPositivesParams":
+        unknown = set(self.image_roots) - set(self.files)
+        if unknown:
+            raise ValueError(f"image_roots names subsets not in files: {sorted(unknown)} (files: {sorted(self.files)})")
+        return self
 
 
 class AroParams(BenchmarkSource):
@@ -95,17 +120,26 @@ class WinogroundParams(BenchmarkSource):
 
 
 class ZeroShotParams(BenchmarkSource):
-    templates: list[str] = Field(
+    templates: list[str] | Literal["openai_imagenet", "simple_imagenet"] = Field(
         default_factory=lambda: list(SHAPESWORLD_ZERO_SHOT_TEMPLATES),
-        min_length=1, description="Prompt templates, '{}' replaced by the class name (open_clip's classifier averages them).")
-    classnames_file: str | None = Field("classnames.txt", description="Class folders in label order, one per line (absent: the sub-folders).")
+        description="Prompt templates, '{}' replaced by the class name (open_clip's classifier averages them), or "
+        "'openai_imagenet' / 'simple_imagenet': open_clip's ImageNet templates (80 / 7).")
+    classnames_file: str | None = Field("classnames.txt", description="Class folders in label order, one per line (absent: the sub-folders, sorted).")
+    readable_names: str = Field(
+        "folders", min_length=1,
+        description="What the prompts call each class: 'folders' (the folder name, '_' as a space), 'imagenet' "
+        "(open_clip's ImageNet class names for the 1000 WordNet-id folders), or a file under data_root of lines "
+        "'<folder> <name>' (ImageNet's LOC_synset_mapping.txt works).")
     held_out_file: str | None = Field("held_out_classes.txt", description="Class folders reported apart (ShapesWorld's unseen pairs; absent: none).")
 
     @model_validator(mode="after")
     def _check_templates(self) -> "ZeroShotParams":
-        for t in self.templates:
-            if t.count("{}") != 1:
-                raise ValueError(f"template {t!r} must hold exactly one '{{}}'")
+        if isinstance(self.templates, list):
+            if not self.templates:
+                raise ValueError("templates: give at least one template, or 'openai_imagenet' / 'simple_imagenet'")
+            for t in self.templates:
+                if t.count("{}") != 1:
+                    raise ValueError(f"template {t!r} must hold exactly one '{{}}'")
         return self
 
 

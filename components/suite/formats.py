@@ -12,11 +12,11 @@ an empty benchmark is an error, never a score.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from components.suite import metrics
@@ -40,7 +40,11 @@ class ImageRef:
 class Task:
     """One benchmark, ready to score. ``score(images, texts, items)`` gets this task's image embeddings
     [len(images), D] and text embeddings [len(texts), D] (L2-normalised) and the items to score
-    (None: all) and returns its metrics. ``held_out`` flags items about unseen combinations."""
+    (None: all) and returns its metrics. ``held_out`` flags items about unseen combinations.
+
+    A task holds nothing about a model: the comparison scores several models on one suite at once, in
+    threads. A zero-shot task (``needs_classifier``) is scored with the model's class embeddings
+    [classes, D] in place of ``texts``, which the evaluator builds per model and passes in."""
 
     name: str  # e.g. "sugarcrepe/swap_att"
     group: str  # compositional | zero_shot | retrieval: the report's summary groups
@@ -52,7 +56,6 @@ class Task:
     held_out: list[bool] | None = None
     source: str = ""  # the file(s) read, for messages and the report
     needs_classifier: dict[str, Any] | None = None  # zero-shot: classnames + templates
-    classifier: torch.Tensor | None = None  # zero-shot: [D, classes], built per model
 
 
 class _Index:
@@ -115,6 +118,17 @@ def _flags(flags: list[bool]) -> list[bool] | None:
 
 def _pick(t: torch.Tensor, items: torch.Tensor | None) -> torch.Tensor:
     return t if items is None else t[items]
+
+
+def _box(path: Path, where: str, item: dict, required: bool) -> tuple[float, float, float, float] | None:
+    """An item's (bbox_x, bbox_y, bbox_w, bbox_h) in pixels; None when optional and absent."""
+    keys = ("bbox_x", "bbox_y", "bbox_w", "bbox_h")
+    if not required and not any(k in item for k in keys):
+        return None
+    box = tuple(float(_field(path, where, item, k, (int, float))) for k in keys)
+    if box[2] <= 0 or box[3] <= 0:
+        raise BenchmarkError(f"{path}: item {where}: bbox width and height must be positive, got {box}")
+    return box
 
 
 def _pair_scores(img: torch.Tensor, txt: torch.Tensor, i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -181,7 +195,9 @@ def sugarcrepe_pp(path: Path, image_root: Path, name: str) -> Task:
 
 def hard_positives(original_path: Path, swapped_path: Path, image_root: Path, name: str) -> Task:
     """Hard positives: originals (c, c_n) and the aligned swapped file (c_p, c_n), lists of
-    {image_id, true_caption, false_caption, image_path}; original/augmented accuracy, brittleness."""
+    {image_id, true_caption, false_caption, image_path} — items with ARO's bbox_x/y/w/h (the SWAP
+    subset, VG-Attribution's items) are cropped to their box, as the official evaluation does;
+    original/augmented accuracy, brittleness."""
     original, swapped = _read_json(original_path), _read_json(swapped_path)
     for path, data in ((original_path, original), (swapped_path, swapped)):
         if not isinstance(data, list):
@@ -195,7 +211,7 @@ def hard_positives(original_path: Path, swapped_path: Path, image_root: Path, na
             raise BenchmarkError(f"{swapped_path}: item {n} is for image {b['image_path']!r} but {original_path} item {n} for {image!r}; the files are not aligned")
         if _field(swapped_path, str(n), b, "false_caption") != _field(original_path, str(n), a, "false_caption"):
             raise BenchmarkError(f"{swapped_path}: item {n} has another false_caption than {original_path} item {n}; the files are not aligned")
-        img.append(idx.image(ImageRef(image_root / image)))
+        img.append(idx.image(ImageRef(image_root / image, _box(original_path, str(n), a, required=False))))
         cap.append(idx.text(_field(original_path, str(n), a, "true_caption")))
         hpos.append(idx.text(_field(swapped_path, str(n), b, "true_caption")))
         neg.append(idx.text(a["false_caption"]))
@@ -209,80 +225,7 @@ def hard_positives(original_path: Path, swapped_path: Path, image_root: Path, na
                                  _pair_scores(I, T, ii, _pick(cn, items)))
 
     return Task(name, "compositional", "augmented_acc", list(idx.images), list(idx.texts), len(img), score, _flags(held),
-                f"{original_path} + {swapped_path.name}")
-
-
-# --------------------------------------------------------------------------------------------------
-# ARO
-# --------------------------------------------------------------------------------------------------
-
-
-def aro_vg(path: Path, image_root: Path, name: str, kind: str) -> Task:
-    """ARO VG-Relation (``kind="relation"``, grouped by relation_name) or VG-Attribution (grouped by the
-    attribute pair): each image cropped to its bbox; macro accuracy over the groups."""
-    data = _read_json(path)
-    if not isinstance(data, list):
-        raise BenchmarkError(f"{path}: expected a JSON list of items, got {type(data).__name__}")
-    idx, img, pos, neg, groups, held = _Index(), [], [], [], [], []
-    for n, item in enumerate(data):
-        where = str(n)
-        box = tuple(float(_field(path, where, item, k, (int, float))) for k in ("bbox_x", "bbox_y", "bbox_w", "bbox_h"))
-        if box[2] <= 0 or box[3] <= 0:
-            raise BenchmarkError(f"{path}: item {n}: bbox width and height must be positive, got {box}")
-        img.append(idx.image(ImageRef(image_root / _field(path, where, item, "image_path"), box)))
-        pos.append(idx.text(_field(path, where, item, "true_caption")))
-        neg.append(idx.text(_field(path, where, item, "false_caption")))
-        if kind == "relation":
-            groups.append(_field(path, where, item, "relation_name"))
-        else:
-            groups.append("-".join(str(a) for a in _field(path, where, item, "attributes", list)))
-        held.append(_held(item))
-    _nonempty(path, len(img))
-    i, p, q = torch.tensor(img), torch.tensor(pos), torch.tensor(neg)
-
-    def score(I, T, items):
-        ii = _pick(i, items)
-        correct = _pair_scores(I, T, ii, _pick(p, items)) > _pair_scores(I, T, ii, _pick(q, items))
-        chosen = groups if items is None else [groups[k] for k in items.tolist()]
-        return metrics.macro_accuracy(correct, chosen)
-
-    return Task(name, "compositional", "macro_acc", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
-
-
-NOUN_TAGS = {"NN", "NNS", "NNP", "NNPS"}
-ADJ_TAGS = {"JJ", "JJR", "JJS"}
-
-
-def _shuffle_where(words: list[str], mask: list[bool], rng: np.random.Generator) -> list[str]:
-    positions = [k for k, m in enumerate(mask) if m]
-    out = list(words)
-    for k, src in zip(positions, rng.permutation(positions)):
-        out[k] = words[src]
-    return out
-
-
-def order_perturbations(words: list[str], tags: list[str], rng: np.random.Generator, tries: int = 10) -> list[str]:
-    """ARO's four perturbations of a caption (tokens + Penn tags): shuffle nouns and adjectives, shuffle
-    everything else, shuffle within trigrams, shuffle the trigrams. Each is re-drawn (up to ``tries``)
-    until it differs from the caption, where possible: an unchanged "shuffle" would be a tie, not a test."""
-    content = [t in NOUN_TAGS or t in ADJ_TAGS for t in tags]
-    trigrams = [words[k:k + 3] for k in range(0, len(words), 3)]
-
-    def within() -> list[str]:
-        return [w for tri in trigrams for w in (tri[k] for k in rng.permutation(len(tri)))]
-
-    def across() -> list[str]:
-        return [w for k in rng.permutation(len(trigrams)) for w in trigrams[k]]
-
-    makers = [lambda: _shuffle_where(words, content, rng), lambda: _shuffle_where(words, [not c for c in content], rng), within, across]
-    out = []
-    for make in makers:
-        for _ in range(tries):
-            shuffled = make()
-            if shuffled != words:
-                break
-        out.append(" ".join(shuffled))
-    return out
+                f"{original_path} + {swapped_path}")
 
 
 def read_karpathy(path: Path, split: str) -> list[tuple[str, list[str], bool]]:
@@ -317,29 +260,6 @@ def read_karpathy(path: Path, split: str) -> list[tuple[str, list[str], bool]]:
     if not rows:
         raise BenchmarkError(f"{path}: no images in split {split!r} (an empty benchmark has no score)")
     return rows
-
-
-def aro_order(path: Path, image_root: Path, name: str, split: str, per_image: int, nlp, seed: int) -> Task:
-    """ARO COCO/Flickr order: each caption against its four shuffles; P@1 of the true caption."""
-    rows = read_karpathy(path, split)
-    idx, img, true, shuffled, held = _Index(), [], [], [], []
-    chosen = [(p, c, h) for p, caps, h in rows for c in caps[:per_image]]
-    rng = np.random.default_rng(seed)
-    for (image, caption, flag), doc in zip(chosen, nlp.pipe([c for _, c, _ in chosen], batch_size=256)):
-        words, tags = [t.text for t in doc], [t.tag_ for t in doc]
-        img.append(idx.image(ImageRef(image_root / image)))
-        true.append(idx.text(caption))
-        shuffled.append([idx.text(s) for s in order_perturbations(words, tags, rng)])
-        held.append(flag)
-    _nonempty(path, len(img))
-    i, t, s = torch.tensor(img), torch.tensor(true), torch.tensor(shuffled)
-
-    def score(I, T, items):
-        ii, ss = _pick(i, items), _pick(s, items)
-        shuffled_scores = (I[ii][:, None, :] * T[ss]).sum(-1)
-        return {"p_at_1": metrics.order_precision_at_1(_pair_scores(I, T, ii, _pick(t, items)), shuffled_scores)}
-
-    return Task(name, "compositional", "p_at_1", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -379,9 +299,56 @@ def winoground(path: Path, image_root: Path, name: str) -> Task:
     return Task(name, "compositional", "group", list(idx.images), list(idx.texts), len(imgs), score, _flags(held), str(path))
 
 
-def zero_shot(root: Path, name: str, templates: list[str], classnames_file: str | None, held_out_file: str | None) -> Task:
-    """An image folder (one sub-folder per class; names with '_' read as spaces), classified against
-    prompt templates with open_clip's zero-shot classifier; top-1 and top-5."""
+WORDNET_ID = re.compile(r"^n\d{8}$")
+
+
+def imagenet_templates(kind: str) -> list:
+    """open_clip's ImageNet prompt templates ("openai_imagenet": CLIP's 80, "simple_imagenet": 7), callables
+    of the class name, as open_clip's zero-shot classifier takes them."""
+    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES, SIMPLE_IMAGENET_TEMPLATES
+
+    return list({"openai_imagenet": OPENAI_IMAGENET_TEMPLATES, "simple_imagenet": SIMPLE_IMAGENET_TEMPLATES}[kind])
+
+
+def readable_class_names(root: Path, folders: list[str], readable_names: str) -> list[str]:
+    """The names the prompts say, one per class folder: "folders" reads the folder name ('_' as a space);
+    "imagenet" gives open_clip's ImageNet class names (open_clip.zero_shot_metadata) to the 1000 WordNet-id
+    folders in sorted order (ImageNet's label order); anything else is a file under ``root`` of lines
+    ``<folder> <name>`` (ImageNet's LOC_synset_mapping.txt form: the name is the text up to its first comma)."""
+    if readable_names == "folders":
+        return [f.replace("_", " ") for f in folders]
+    if readable_names == "imagenet":
+        from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
+
+        odd = [f for f in folders if not WORDNET_ID.match(f)]
+        if len(folders) != len(IMAGENET_CLASSNAMES) or odd or folders != sorted(folders):
+            raise BenchmarkError(
+                f"{root}: readable_names 'imagenet' needs ImageNet's {len(IMAGENET_CLASSNAMES)} WordNet-id class folders "
+                f"(n01440764 ...) in sorted order; found {len(folders)} folders{f', e.g. {odd[0]!r}' if odd else ''}. "
+                f"For other folders give a class-names file (lines '<folder> <name>')")
+        return list(IMAGENET_CLASSNAMES)
+    path = root / readable_names
+    if not path.is_file():
+        raise BenchmarkError(f"{path}: class-names file not found (readable_names is 'folders', 'imagenet' or a file under {root})")
+    names = {}
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            folder, _, name = line.strip().partition(" ")
+            name = name.split(",")[0].strip()
+            if not name:
+                raise BenchmarkError(f"{path}: line {n} has no name after the folder {folder!r} (expected '<folder> <name>')")
+            names[folder] = name
+    missing = [f for f in folders if f not in names]
+    if missing:
+        raise BenchmarkError(f"{path}: no name for {len(missing)} class folder(s), e.g. {missing[0]!r}")
+    return [names[f] for f in folders]
+
+
+def zero_shot(root: Path, name: str, templates: list | str, classnames_file: str | None, held_out_file: str | None,
+              readable_names: str = "folders") -> Task:
+    """An image folder (one sub-folder per class), classified against prompt templates ("openai_imagenet" /
+    "simple_imagenet": open_clip's) and readable class names (:func:`readable_class_names`) with open_clip's
+    zero-shot classifier; top-1 and top-5."""
     if not root.is_dir():
         raise BenchmarkError(f"{root}: zero-shot image folder not found")
     listing = root / classnames_file if classnames_file else None
@@ -406,16 +373,15 @@ def zero_shot(root: Path, name: str, templates: list[str], classnames_file: str 
                 held.append(folder in held_classes)
     _nonempty(root, len(images))
     y = torch.tensor(labels)
-    classnames = [f.replace("_", " ") for f in folders]
-    task = Task(name, "zero_shot", "top1", images, [], len(images), None, _flags(held), str(root),
-                needs_classifier={"classnames": classnames, "templates": list(templates)})
+    classnames = readable_class_names(root, folders, readable_names)
+    prompts = imagenet_templates(templates) if isinstance(templates, str) else list(templates)
 
-    def score(I, T, items):
-        logits = _pick(I, items) @ task.classifier  # [images, classes], set per model by the evaluator
+    def score(I, classes, items):
+        logits = _pick(I, items) @ classes.T  # classes: this model's class embeddings [classes, D]
         return metrics.topk_accuracy(logits, _pick(y, items), ks=(1, min(5, len(classnames))))
 
-    task.score = score
-    return task
+    return Task(name, "zero_shot", "top1", images, [], len(images), score, _flags(held), str(root),
+                needs_classifier={"classnames": classnames, "templates": prompts})
 
 
 def retrieval(path: Path, image_root: Path, name: str, split: str) -> Task:

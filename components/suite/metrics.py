@@ -1,9 +1,14 @@
 """The benchmark suite's metrics (docs/architecture.md "Benchmark formats"), as pure functions of similarity scores.
 
 The evaluate stage encodes images and texts and hands these functions cosine similarities; nothing
-here reads files or models, so every metric is tested exactly on hand-made scores. Ties count as wrong
-everywhere, as the official SugarCrepe script does (`>` not `>=`): a model that gives a caption and
-its negative the same score has not told them apart.
+here reads files or models, so every metric is tested exactly on hand-made scores.
+
+Ties follow each benchmark's official script (docs/architecture.md "Tie rules"): a tie counts as wrong
+(`>` not `>=`) in SugarCrepe, SugarCrepe++, the hard positives, ARO VG-Relation/VG-Attribution (the
+false caption comes first in ARO's argmax) and Winoground; in ARO's order benchmarks the true caption
+comes first in the argmax, so a tie counts as right there (the ties-wrong figure is kept as a labelled
+extra). Zero-shot and retrieval rank ties pessimistically (the official scripts use torch.topk, whose
+order among equal scores is unspecified; with real embeddings ties do not occur).
 """
 
 from __future__ import annotations
@@ -50,9 +55,12 @@ def hard_positives(caption: torch.Tensor, positive: torch.Tensor, negative: torc
     }
 
 
-def macro_accuracy(correct: torch.Tensor, groups: list[str]) -> dict[str, float]:
-    """ARO VG-Relation / VG-Attribution: the mean over groups (relations, attribute pairs) of each
-    group's accuracy, so frequent relations do not dominate; also the plain (micro) mean."""
+def macro_accuracy(correct: torch.Tensor, groups: list[str], counted: set[str] | None = None) -> dict[str, float]:
+    """ARO VG-Relation / VG-Attribution: the mean over groups (relations, attribute pairs) of each group's
+    accuracy, so frequent relations do not dominate. ``macro_acc`` averages the ``counted`` groups only
+    (ARO's official figure leaves some out; None: all), ``macro_acc_all_groups`` every group present,
+    ``micro_acc`` the items; ``groups`` is the number of groups in ``macro_acc``. With no counted group
+    present (a subset of items), ``macro_acc`` is left out."""
     if len(groups) != correct.shape[0]:
         raise ValueError(f"{correct.shape[0]} results but {len(groups)} group labels")
     if not groups:
@@ -60,17 +68,26 @@ def macro_accuracy(correct: torch.Tensor, groups: list[str]) -> dict[str, float]
     per_group: dict[str, list[float]] = {}
     for ok, group in zip(correct.float().tolist(), groups):
         per_group.setdefault(group, []).append(ok)
-    means = [sum(v) / len(v) for v in per_group.values()]
-    return {"macro_acc": sum(means) / len(means), "micro_acc": correct.float().mean().item(), "groups": float(len(means))}
+    means = {g: sum(v) / len(v) for g, v in per_group.items()}
+    chosen = [m for g, m in means.items() if counted is None or g in counted]
+    out = {"macro_acc_all_groups": sum(means.values()) / len(means), "micro_acc": correct.float().mean().item(),
+           "groups": float(len(chosen))}
+    if chosen:
+        out["macro_acc"] = sum(chosen) / len(chosen)
+    return out
 
 
-def order_precision_at_1(true_caption: torch.Tensor, shuffled: torch.Tensor) -> float:
-    """ARO COCO/Flickr order: the true caption must score above every one of its shuffles ([N] and [N, k])."""
+def order_precision_at_1(true_caption: torch.Tensor, shuffled: torch.Tensor, ties_count_right: bool = True) -> float:
+    """ARO COCO/Flickr order ([N] and [N, k] scores): the true caption is the model's pick among itself and
+    its shuffles. ARO's script takes the argmax with the true caption first, so a shuffle scoring the same
+    (an unchanged or identical shuffle) leaves the pick right; ``ties_count_right=False`` counts it wrong."""
     if shuffled.ndim != 2 or shuffled.shape[0] != true_caption.shape[0]:
         raise ValueError(f"shuffled scores must be [N, k] with N = {true_caption.shape[0]}, got {tuple(shuffled.shape)}")
     if true_caption.shape[0] == 0:
         raise ValueError("no items: an empty benchmark has no score")
-    return (true_caption > shuffled.max(dim=1).values).float().mean().item()
+    best_shuffle = shuffled.max(dim=1).values
+    right = true_caption >= best_shuffle if ties_count_right else true_caption > best_shuffle
+    return right.float().mean().item()
 
 
 def winoground(scores: torch.Tensor) -> dict[str, float]:

@@ -48,8 +48,10 @@ def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, di
     lines = [
         "# Benchmark report",
         "",
-        f"Models: {', '.join(f'`{n}` ({meta[n]})' for n in names)}. Differences are against `{ref}`. Ties count as",
-        "wrong everywhere. Rows marked *held-out* are the items that show or name a (color, shape) pair never",
+        f"Models: {', '.join(f'`{n}` ({meta[n]})' for n in names)}. Differences are against `{ref}`. Ties follow each",
+        "benchmark's official script: wrong everywhere except ARO's order benchmarks (p_at_1: the true caption wins a",
+        "tie, as ARO's argmax; p_at_1_ties_wrong counts it wrong). ARO VG macro_acc is the official figure (symmetric",
+        "relations and attribute pairs under 25 items left out; macro_acc_all_groups keeps them). Rows marked *held-out* are the items that show or name a (color, shape) pair never",
         "drawn in training (ShapesWorld); *seen* are the others (retrieval: those images and their captions as",
         "queries, ranked against every candidate).",
         "",
