@@ -77,7 +77,7 @@ def load_suite(params: EvaluateParams, nlp_loader=None) -> list[formats.Task]:
         if aro.order_files:
             nlp = (nlp_loader or load_tagger)(params.spacy_model)
             for name, file in aro.order_files.items():
-                tasks.append(aro_formats.aro_order(aro.data_root / file, aro.images, f"aro/{name}", aro.order_split,
+                tasks.append(aro_formats.aro_order(aro.data_root / file, aro.order_image_root or aro.images, f"aro/{name}", aro.order_split,
                                           aro.order_captions_per_image, nlp, params.order_seed))
     if b.winoground.enabled:
         tasks.append(formats.winoground(b.winoground.data_root / b.winoground.file, b.winoground.images, "winoground"))

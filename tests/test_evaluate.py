@@ -621,3 +621,18 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
     # a re-run (e.g. after a kill) takes finished models from the cache: no model is loaded again
     monkeypatch.setattr(ev, "load_model", lambda *a: pytest.fail("a cached model was evaluated again"))
     assert ev.run(params, log_mlflow=False) == flat
+
+
+def test_readmes_real_file_recipe_is_valid_params():
+    """README's "Real files" block is what a user pastes into params/evaluate.yaml: it must validate as is."""
+    import yaml
+
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("**Real files**"):]
+    block = block[block.index("```yaml\n") + len("```yaml\n"):]
+    recipe = yaml.safe_load(block[:block.index("```")])
+    params = validate_params("evaluate", recipe, "README.md")
+    b = params.benchmarks
+    assert b.hard_positives.images_of("swap") == Path("/data/aro/images") and b.hard_positives.images_of("replace_att") == Path("/data/vl_checklist")
+    assert b.aro.data_root / b.aro.order_files["coco_order"] == Path("/data/coco/coco_karpathy_test.json")  # an absolute file stays
+    assert b.zero_shot.readable_names == "imagenet" and b.zero_shot.templates == "openai_imagenet"

@@ -112,6 +112,8 @@ class AroParams(BenchmarkSource):
         description="Order benchmarks: name → Karpathy JSON under data_root (e.g. coco_order: dataset_coco.json); "
         "the true caption against 4 shuffles of it made by ARO's rules.")
     order_split: str = Field("test", description="Karpathy split used by the order benchmarks.")
+    order_image_root: Path | None = Field(None, description="Folder the order files' image paths are relative to (default: image_root; "
+                                          "COCO's images, where VG-Relation's are elsewhere).")
     order_captions_per_image: int = Field(1, ge=1, description="Captions per image turned into order items.")
 
 
