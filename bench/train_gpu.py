@@ -32,20 +32,21 @@ from components.method.module import TrainingModule  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def synthetic_batch(batch: int, image_size: int, context: int, phrases_per_image: int, vocab: int, device) -> dict:
+def synthetic_batch(batch: int, image_size: int, context: int, phrases_per_image: int, vocab: int, device,
+                    phrase_length: int | None = None) -> dict:
     g = torch.Generator().manual_seed(0)
-    tokens = lambda n: torch.randint(1, vocab - 1, (n, context), generator=g)
+    tokens = lambda n, length=context: torch.randint(1, vocab - 1, (n, length), generator=g)
     owners = torch.arange(batch).repeat_interleave(phrases_per_image)
     return {
         "images": torch.randn(batch, 3, image_size, image_size, generator=g).to(device),
         "texts": tokens(batch).to(device),
-        "phrase_tokens": tokens(batch * phrases_per_image).to(device),
+        "phrase_tokens": tokens(batch * phrases_per_image, phrase_length or context).to(device),
         "phrase_inverse": torch.arange(batch * phrases_per_image).to(device),
         "phrase_image_index": owners.to(device),
     }
 
 
-def measure(method: str, args, device) -> dict:
+def measure(method: str, args, device, phrase_length: int | None = None) -> dict:
     import deepspeed
 
     # the model alone: open_clip's SigLIP tokenizer would need the hub, and the tokens here are synthetic
@@ -59,7 +60,7 @@ def measure(method: str, args, device) -> dict:
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
     context = model.context_length
     vocab = model.vocab_size
-    batch = synthetic_batch(args.batch, args.image_size, context, 5, vocab, device)
+    batch = synthetic_batch(args.batch, args.image_size, context, 5, vocab, device, phrase_length)
     if method != "c2lip":  # a siglip batch carries images and captions only (method/batches.py)
         batch = {k: batch[k] for k in ("images", "texts")}
     if not args.cpu:
@@ -86,7 +87,7 @@ def measure(method: str, args, device) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / args.steps
-    result = {"method": method, "samples_per_s": args.batch / seconds, "step_s": seconds, "tflops_per_step": flops / 1e12,
+    result = {"method": method + (f" (phrases at {phrase_length})" if phrase_length else ""), "samples_per_s": args.batch / seconds, "step_s": seconds, "tflops_per_step": flops / 1e12,
               "mfu": flops / seconds / (args.peak_tflops * 1e12)}
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -103,6 +104,8 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--cpu", action="store_true", help="fp32 on CPU (a dry run of this script)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--phrase-length", type=int, default=16,
+                        help="also time c2lip with phrases trimmed to this many tokens (method.phrase_context: trimmed; 0: skip)")
     args = parser.parse_args()
     os.environ.update({k: v for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29571").items() if k not in os.environ})
     import deepspeed
@@ -112,10 +115,13 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     results = [measure(method, args, device) for method in ("siglip", "c2lip")]
+    if args.phrase_length:
+        results.append(measure("c2lip", args, device, args.phrase_length))
     for r in results:
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}))
     print(f"{args.model}, {args.image_size} px, batch {args.batch}: c2lip/siglip samples/s "
-          f"{results[1]['samples_per_s'] / results[0]['samples_per_s']:.2f}")
+          f"{results[1]['samples_per_s'] / results[0]['samples_per_s']:.2f}"
+          + (f"; with phrases at {args.phrase_length} tokens {results[2]['samples_per_s'] / results[0]['samples_per_s']:.2f}" if args.phrase_length else ""))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

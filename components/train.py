@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 from components.data.stream import TrainBatches, check_tar, expand_shards, load_phrases
 from components.method.methods import method_for
+from components.method.models import trims_phrases
 from components.method.module import TrainingModule
 from components.method.optim import build_model, calibrate_logits, lr_factor, param_groups
 from components.shared.atomic import CorruptFileError, atomic_write_json, fingerprint, remove_inside
@@ -210,8 +211,12 @@ def setup(params: TrainParams, stage: str) -> Run:
 
     phrases = load_phrases(params.data.concepts_dir) if needs_phrases(params) else None
     accumulation = ds_config["gradient_accumulation_steps"]
+    trim = phrases is not None and trims_phrases(params.method.phrase_context, model)
+    if main and phrases is not None:
+        log.info("phrases encoded at %s (method.phrase_context: %s)", "their own length" if trim else "the context length",
+                 params.method.phrase_context)
     batches = TrainBatches(params, shards, rank, world, start_step * accumulation, transform_train, tokenizer, phrases,
-                           method.make_batch, accumulation)
+                           method.make_batch, accumulation, trim_phrases=trim)
     loader = DataLoader(batches, batch_size=None, num_workers=params.data.workers, persistent_workers=False)
 
     zero_shot = None

@@ -231,6 +231,103 @@ def test_xac_loss_and_gradients_match_a_per_phrase_loop(chunk, temperature):
         assert torch.allclose(gf, gs, atol=1e-5)
 
 
+def test_xac_keeps_its_precision_when_a_phrases_attended_tokens_nearly_cancel():
+    """Pairs of opposite tokens (u and −u + δ): a phrase orthogonal to them attends evenly, so the pooled
+    vector v = Σ a_j u_j is tiny (|v| ≈ 1e-3). With its norm taken as sqrt(aᵀ U Uᵀ a) the fp32 loss was off
+    a float64 reference by 1.7e-4 relative here (1e-2 at |v| ≈ 3e-4); taken of v itself, by 2.4e-6."""
+    g = torch.Generator().manual_seed(0)
+    D, pairs = 32, 8
+    base = F.normalize(torch.randn(pairs, D, generator=g, dtype=torch.float64), dim=-1)
+    nudge = 1e-3 * torch.randn(pairs, D, generator=g, dtype=torch.float64)
+    tokens64 = torch.cat([base, -base + nudge])[None].repeat(2, 1, 1)  # [M=2, J=16, D]
+    phrase = torch.randn(1, D, generator=g, dtype=torch.float64)
+    phrase = F.normalize(phrase - (phrase @ base.T) @ torch.linalg.pinv(base.T), dim=-1)  # ⟂ every base token
+    pooled = torch.softmax(tokens64[0] @ phrase[0], 0) @ tokens64[0]
+    assert 1e-4 < pooled.norm() < 2e-3  # the regime the old formula broke in
+    owner, s, b = torch.tensor([0]), torch.tensor([10.0], dtype=torch.float64), torch.tensor([-5.0], dtype=torch.float64)
+    reference = xac_loss(tokens64, phrase, owner, s, b)
+    fp32 = xac_loss(tokens64.float(), phrase.float(), owner, s.float(), b.float())
+    assert abs(fp32.double() - reference) / reference.abs() < 1e-5
+
+
+def test_concept_losses_on_bf16_features_agree_with_fp32():
+    """A bf16 tower hands the concept losses bf16 features; the losses compute in fp32, so the only
+    difference is the features' rounding: loss within 1e-2 relative, gradients at cosine ≥ 0.999."""
+    _, _, phrases, tokens, owner, s, b = _random_features(3, B=8, K=20, J=49, D=64)
+    image = F.normalize(tokens.detach().mean(1), dim=-1).requires_grad_()
+    results = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (image, phrases, tokens)]
+        npc = npc_loss(leaves[0], leaves[1], owner, s.detach(), b.detach())
+        xac = xac_loss(leaves[2], leaves[1], owner, s.detach(), b.detach(), 1.0, 7)  # the chunked path too
+        assert npc.dtype == xac.dtype == torch.float32
+        grads = torch.autograd.grad(npc + xac, leaves)
+        results[dtype] = (npc.item(), xac.item(), [gr.float().flatten() for gr in grads])
+    (n32, x32, g32), (n16, x16, g16) = results[torch.float32], results[torch.bfloat16]
+    assert abs(n16 - n32) / n32 < 1e-2 and abs(x16 - x32) / x32 < 1e-2
+    for a, c in zip(g32, g16):
+        assert F.cosine_similarity(a, c, dim=0) >= 0.999
+
+
+def test_trim_padding_keeps_one_padding_column_rounded_to_eight():
+    tokens = torch.zeros(3, 64, dtype=torch.long)
+    tokens[0, :5], tokens[1, :9], tokens[2, :2] = 7, 7, 7
+    assert models.trim_padding(tokens).shape == (3, 16)  # longest 9, + one padding column, rounded up to 8
+    tokens[1, :16] = 7
+    assert models.trim_padding(tokens).shape == (3, 24)  # 16 used: the 17th column must stay padding
+    full = tokens.clone()
+    full[:, -1] = torch.tensor([1, 2, 3])  # no common padding value in the last column: nothing is cut
+    assert models.trim_padding(full).shape == (3, 64)
+    assert models.trim_padding(torch.zeros(0, 64, dtype=torch.long)).shape == (0, 64)
+
+
+def _phrase_grads(model, tokens):
+    model.zero_grad()
+    features = models.encode_concepts(model, tokens)
+    (features * torch.linspace(-1, 1, features.shape[1])).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return features.detach(), grads
+
+
+def test_trimmed_phrases_equal_padded_ones_where_the_tower_is_causal_and_pools_at_eot():
+    """CLIP's text tower (causal mask, argmax pooling): phrases encoded at their own length have the
+    embeddings and gradients they have padded to the context, so method.phrase_context 'auto' trims them.
+    A SigLIP-like tower (no causal mask: tokens see the padding) gets other embeddings, so 'auto' does not."""
+    texts = list(dict.fromkeys(p for phrases in PHRASES for p in phrases))
+    model, tokenizer = _model(TINY_CLIP)
+    padded = tokenizer(texts)
+    trimmed = concept_batch([texts], tokenizer, trim=True)["phrase_tokens"]
+    assert torch.equal(trimmed, padded[:, :trimmed.shape[1]])
+    assert trimmed.shape[1] == 8 < padded.shape[1] == models.text_context_length(model) == 77
+    assert models.trimming_is_exact(model)
+    f_full, g_full = _phrase_grads(model, padded)
+    f_trim, g_trim = _phrase_grads(model, trimmed)
+    assert torch.allclose(f_full, f_trim, atol=1e-6)
+    assert g_full.keys() == g_trim.keys() and "positional_embedding" in g_trim
+    for name in g_full:
+        assert torch.allclose(g_full[name], g_trim[name], rtol=1e-4, atol=1e-5), name
+    siglip_like, tokenizer = _model(TINY_RN)  # no causal mask, as SigLIP's
+    assert not models.trimming_is_exact(siglip_like)
+    assert [models.trims_phrases(c, model) for c in ("auto", "context", "trimmed")] == [True, False, True]
+    assert [models.trims_phrases(c, siglip_like) for c in ("auto", "context", "trimmed")] == [False, False, True]
+    full = models.encode_concepts(siglip_like, tokenizer(texts))
+    cut = models.encode_concepts(siglip_like, concept_batch([texts], tokenizer, trim=True)["phrase_tokens"])
+    assert (full - cut).abs().max() > 1e-3
+
+
+def test_c2lip_loss_with_trimmed_phrases_and_text_labels_equals_the_padded_one():
+    model, tokenizer = _model(TINY_CLIP)
+    loss = C2LIPLoss(contrastive="softmax", lambda_xac=0.5, concept_labels="text", concept_logit="own",
+                     init_logit_scale=2.0, init_logit_bias=-5.0)
+    module = TrainingModule(model, loss)
+    images, texts = _images(), tokenizer(["a caption"] * 6)
+    with torch.no_grad():
+        padded = module(images, texts, **concept_batch(PHRASES, tokenizer))
+        trimmed = module(images, texts, **concept_batch(PHRASES, tokenizer, trim=True))
+    for key in padded:
+        assert torch.allclose(padded[key], trimmed[key], atol=1e-6), key
+
+
 def _loss_and_grads(module, images, texts, batch):
     module.zero_grad()
     terms = module(images, texts, **batch)

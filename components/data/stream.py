@@ -109,6 +109,7 @@ class BatchContext:
     nlp: Callable[[str], Any]
     index: int
     accumulation: int
+    trim_phrases: bool = False  # encode phrases at their own length (method.phrase_context, resolved per model)
 
 
 class TrainBatches(IterableDataset):
@@ -121,10 +122,10 @@ class TrainBatches(IterableDataset):
     the context's numpy generator are seeded by (seed, rank, batch index) before each batch."""
 
     def __init__(self, params, shards: list[str], rank: int, world: int, start: int, transform, tokenizer,
-                 phrases: dict[str, list[str]] | None, build: Callable | None, accumulation: int = 1):
+                 phrases: dict[str, list[str]] | None, build: Callable | None, accumulation: int = 1, trim_phrases: bool = False):
         self.params, self.shards, self.rank, self.world, self.start = params, shards, rank, world, start
         self.transform, self.tokenizer, self.phrases = transform, tokenizer, phrases
-        self.build, self.accumulation = build, accumulation
+        self.build, self.accumulation, self.trim_phrases = build, accumulation, trim_phrases
         self._nlp: dict[str, Any] = {}
 
     def __iter__(self):
@@ -183,5 +184,6 @@ class TrainBatches(IterableDataset):
         if self.build is None:
             return {"images": torch.stack([self.transform(image) for *_, image in decoded]),
                     "texts": self.tokenizer([caption for _, _, caption, _ in decoded])}
-        context = BatchContext(self.params, self.transform, self.tokenizer, self.phrases, rng, self.nlp, index, self.accumulation)
+        context = BatchContext(self.params, self.transform, self.tokenizer, self.phrases, rng, self.nlp, index, self.accumulation,
+                               self.trim_phrases)
         return self.build(decoded, context)

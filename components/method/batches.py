@@ -29,16 +29,18 @@ from components.method.hard_examples import (
     shapesworld_tokens,
     spacy_tokens,
 )
+from components.method.models import trim_padding
 
 Decoded = tuple[str, dict, str, Image.Image]  # key, scene metadata, caption, image
 
 
-def concept_batch(phrases_per_image: list[list[str]], tokenizer) -> dict[str, torch.Tensor]:
+def concept_batch(phrases_per_image: list[list[str]], tokenizer, trim: bool = False) -> dict[str, torch.Tensor]:
     """Tokens of a batch's distinct phrases and, for every phrase occurrence, its row and its image.
 
     Returns ``phrase_tokens`` [U, L] (U distinct phrases, in order of first occurrence, tokenized like
-    captions), ``phrase_inverse`` [K] (row of each occurrence) and ``phrase_image_index`` [K] (the
-    local index of the image each occurrence belongs to).
+    captions; with ``trim`` cut to the longest phrase, :func:`~components.method.models.trim_padding`),
+    ``phrase_inverse`` [K] (row of each occurrence) and ``phrase_image_index`` [K] (the local index of the
+    image each occurrence belongs to).
     """
     rows: dict[str, int] = {}
     inverse, owner = [], []
@@ -48,6 +50,8 @@ def concept_batch(phrases_per_image: list[list[str]], tokenizer) -> dict[str, to
             owner.append(image)
     distinct = list(rows)
     tokens = tokenizer(distinct) if distinct else torch.zeros(0, getattr(tokenizer, "context_length", 77), dtype=torch.long)
+    if trim:
+        tokens = trim_padding(tokens)
     return {
         "phrase_tokens": tokens,
         "phrase_inverse": torch.tensor(inverse, dtype=torch.long),
@@ -79,7 +83,7 @@ def captions_batch(decoded: list[Decoded], ctx: BatchContext) -> dict[str, torch
 def concepts_batch(decoded: list[Decoded], ctx: BatchContext) -> dict[str, torch.Tensor]:
     """``c2lip``: the captions batch plus every image's noun phrases (:func:`concept_batch`)."""
     batch = captions_batch(decoded, ctx)
-    batch.update(concept_batch([ctx.phrases[key] for key, *_ in decoded], ctx.tokenizer))
+    batch.update(concept_batch([ctx.phrases[key] for key, *_ in decoded], ctx.tokenizer, ctx.trim_phrases))
     return batch
 
 

@@ -32,7 +32,7 @@ from open_clip.loss import SigLipLoss
 from torch.distributed.nn.functional import all_gather as all_gather_with_grad
 from torch.utils.checkpoint import checkpoint
 
-from components.method.models import encode_concepts, image_features_and_tokens
+from components.method.models import encode_concepts, image_features_and_tokens, text_context_length
 
 # --------------------------------------------------------------------------------------------------
 # distributed gathering with gradients
@@ -166,19 +166,24 @@ def text_ids(keys: torch.Tensor) -> torch.Tensor:
 
 
 def npc_loss(image_features, phrase_features, image_index, scale, bias, phrase_ids=None) -> torch.Tensor:
-    """L_npc: −Σ_{i,k} log σ(y_ik·(s⟨x_i, c_k⟩ + b)) / K (y_ik: :func:`concept_labels`)."""
+    """L_npc: −Σ_{i,k} log σ(y_ik·(s⟨x_i, c_k⟩ + b)) / K (y_ik: :func:`concept_labels`). Computed in fp32
+    whatever the features' dtype (bf16 towers): the sum over every (image, phrase) pair is where low
+    precision would add up."""
+    image_features, phrase_features = image_features.float(), phrase_features.float()
     logits = scale * image_features @ phrase_features.T + bias
     labels = concept_labels(image_index, image_features.shape[0], logits.dtype, phrase_ids)
     return -F.logsigmoid(labels * logits).sum() / max(phrase_features.shape[0], 1)
 
 
-def _xac_chunk(tokens, gram, phrases, labels, scale, bias, temperature: float) -> torch.Tensor:
+def _xac_chunk(tokens, phrases, labels, scale, bias, temperature: float) -> torch.Tensor:
     sims = torch.einsum("mjd,kd->mkj", tokens, phrases)  # ⟨c_k, u_mj⟩, [M, Kc, J]
     attention = (sims / temperature).softmax(dim=-1)  # a
-    # ⟨v̂_mk, c_k⟩ with v = Σ_j a_j u_mj: numerator Σ_j a_j⟨u_mj, c_k⟩, norm² aᵀ G_m a. Same value as
-    # normalising v (F.normalize's eps included) without forming the [M, Kc, D] pooled vectors.
+    # ⟨v̂_mk, c_k⟩ with v = Σ_j a_j u_mj: the numerator is Σ_j a_j⟨u_mj, c_k⟩; the norm is taken of v itself.
+    # (Its square as aᵀ(U Uᵀ)a avoids the [M, Kc, D] tensor but cancels catastrophically when a phrase's
+    # attended tokens nearly cancel: in fp32 the loss is off by 1e-2 relative at |v| ≈ 3e-4, against 2e-5
+    # this way; tests/test_method.py.)
     dot = (attention * sims).sum(-1)
-    norm = ((attention @ gram) * attention).sum(-1).clamp_min(0).sqrt().clamp_min(1e-12)
+    norm = torch.linalg.vector_norm(torch.einsum("mkj,mjd->mkd", attention, tokens), dim=-1).clamp_min(1e-12)
     logits = scale * (dot / norm) + bias
     return -F.logsigmoid(labels * logits).sum()
 
@@ -190,14 +195,15 @@ def xac_loss(image_tokens, phrase_features, image_index, scale, bias, temperatur
 
     Vectorised over images, phrases and tokens, and computed ``chunk`` phrases at a time; when there is
     more than one chunk each is recomputed in the backward pass (activation checkpointing), so peak
-    memory is that of one chunk (a few [M, chunk, J] tensors) whatever the number of phrases.
+    memory is that of one chunk (a few [M, chunk, J] tensors and one [M, chunk, D]) whatever the number
+    of phrases. In fp32 whatever the inputs' dtype, as :func:`npc_loss`.
     """
-    gram = image_tokens @ image_tokens.transpose(1, 2)  # G_m = U_m U_mᵀ, [M, J, J], shared by all chunks
+    image_tokens, phrase_features = image_tokens.float(), phrase_features.float()
     labels = concept_labels(image_index, image_tokens.shape[0], image_tokens.dtype, phrase_ids)
     total = image_tokens.new_zeros(())
     K = phrase_features.shape[0]
     for start in range(0, K, chunk):
-        args = (image_tokens, gram, phrase_features[start:start + chunk], labels[:, start:start + chunk], scale, bias, temperature)
+        args = (image_tokens, phrase_features[start:start + chunk], labels[:, start:start + chunk], scale, bias, temperature)
         if torch.is_grad_enabled() and K > chunk:
             total = total + checkpoint(_xac_chunk, *args, use_reentrant=False)
         else:
@@ -350,7 +356,13 @@ class C2LIPLoss(nn.Module):
         if self.uses_concepts:
             with torch.set_grad_enabled(torch.is_grad_enabled() and self.concept_text_grad):
                 phrase_features = encode_concepts(model, phrase_tokens, phrase_inverse)
-        keys = phrase_tokens[phrase_inverse] if self.uses_concepts and self.concept_labels == "text" else None
+        keys = None
+        if self.uses_concepts and self.concept_labels == "text":
+            # rows of every rank compared as texts: back to the context's width (trimmed columns are padding)
+            keys = phrase_tokens[phrase_inverse]
+            missing = text_context_length(model) - keys.shape[1]
+            if missing > 0 and keys.shape[0]:
+                keys = F.pad(keys, (0, missing), value=int(keys[0, -1]))
         return self(image_features, text_features, *towers.logit_scale_bias(), phrase_features=phrase_features,
                     phrase_image_index=phrase_image_index, image_tokens=image_tokens, phrase_keys=keys)
 

@@ -141,13 +141,85 @@ def image_features_and_tokens(model, images: torch.Tensor) -> tuple[torch.Tensor
     )
 
 
+def text_context_length(model) -> int:
+    """The context the text tower was built for (captions are always tokenized to it)."""
+    text = getattr(model, "text", None)
+    return int(text.context_length if text is not None else model.context_length)
+
+
+def trimming_is_exact(model) -> bool:
+    """True where a phrase encoded at its own length has exactly the embedding it has padded to the context:
+    a causal text tower (no token sees a later one, so no token sees the padding) pooling at a token no later
+    than the end-of-text one (CLIP's argmax / eos / first). SigLIP's tower (no causal mask, every token sees
+    the padding, pooled at the last position) is not: trimming changes its embeddings (bench/flops.py)."""
+    text = getattr(model, "text", None)
+    if text is None:  # open_clip's CLIP: the text tower's modules sit on the model
+        return getattr(model, "attn_mask", None) is not None and getattr(model, "text_pool_type", "argmax") in ("argmax", "eos", "first")
+    if not hasattr(text, "pool_type") or getattr(text, "cls_emb", None) is not None:
+        return False  # a Hugging Face tower or CoCa's appended class token: not checked, never trimmed by "auto"
+    return text.attn_mask is not None and text.pool_type in ("argmax", "eos", "first")
+
+
+def trims_phrases(phrase_context: str, model) -> bool:
+    """``method.phrase_context`` resolved for ``model``: 'trimmed' always, 'context' never, 'auto' where
+    :func:`trimming_is_exact`."""
+    if phrase_context not in ("auto", "context", "trimmed"):
+        raise ValueError(f"phrase_context must be 'auto', 'context' or 'trimmed', got {phrase_context!r}")
+    return phrase_context == "trimmed" or (phrase_context == "auto" and trimming_is_exact(model))
+
+
+class _EncodeText(torch.nn.Module):
+    """``model.encode_text`` as a module's forward, so :func:`torch.func.functional_call` can run it with a
+    few parameters and buffers swapped for their first L positions (gradients reach the originals)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens):
+        return self.model.encode_text(tokens, normalize=True)
+
+
+def encode_text_at_length(model, tokens: torch.Tensor) -> torch.Tensor:
+    """L2-normalised text embeddings of ``tokens`` [N, L] for any L up to the context: the tower runs on L
+    positions, its positional embedding and causal mask cut to their first L (open_clip builds both for the
+    full context and, for CLIP, adds the whole positional embedding)."""
+    length, context = tokens.shape[1], text_context_length(model)
+    if length == context:
+        return model.encode_text(tokens, normalize=True)
+    if length > context:
+        raise ValueError(f"text tokens of length {length} exceed the text tower's context of {context}")
+    text = getattr(model, "text", None)
+    if text is None:
+        owner, prefix, swaps = model, "model.", {"positional_embedding": model.positional_embedding[:length]}
+    else:
+        owner, prefix, swaps = text, "model.text.", {}  # TextTransformer cuts its positional embedding itself
+    if getattr(owner, "attn_mask", None) is not None:
+        swaps["attn_mask"] = owner.attn_mask[:length, :length]
+    return torch.func.functional_call(_EncodeText(model), {prefix + k: v for k, v in swaps.items()}, (tokens,), strict=False)
+
+
+def trim_padding(tokens: torch.Tensor, multiple: int = 8) -> torch.Tensor:
+    """``tokens`` [N, C] cut to the longest row's length plus at least one padding column (so the last column
+    is padding in every row), rounded up to ``multiple`` and never beyond C. Padding is the last column's
+    value, where that column is one value; otherwise nothing is cut."""
+    n, width = tokens.shape
+    if n == 0 or width == 0 or not bool((tokens[:, -1] == tokens[0, -1]).all()):
+        return tokens
+    used = (tokens != tokens[0, -1]).any(dim=0).nonzero()
+    longest = int(used.max()) + 1 if len(used) else 0
+    length = min(width, -(-(longest + 1) // multiple) * multiple)
+    return tokens[:, :length]
+
+
 def encode_concepts(model, phrase_tokens: torch.Tensor, inverse: torch.Tensor | None = None) -> torch.Tensor:
-    """L2-normalised embeddings of phrases, each encoded on its own by the text tower exactly as
-    captions are at inference (same tokenizer, same context length, same padding).
+    """L2-normalised embeddings of phrases, each encoded on its own by the text tower, tokenized like
+    captions (same tokenizer and padding); at the context length, or shorter where the batch builder
+    trimmed the padding (``method.phrase_context``, :func:`trim_padding`).
 
     ``phrase_tokens`` [U, L] holds the distinct phrases of a batch; ``inverse`` [K] maps every phrase
     occurrence to its row, so a phrase shared by several images is encoded once (gather's backward adds
     the gradients of its occurrences, so loss and gradients equal those of encoding each occurrence).
     """
-    features = model.encode_text(phrase_tokens, normalize=True)
+    features = encode_text_at_length(model, phrase_tokens)
     return features if inverse is None else features[inverse]

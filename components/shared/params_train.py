@@ -142,6 +142,11 @@ class MethodParams(Strict):
     concept_text_grad: bool = Field(
         True, description="False: no gradient through the phrase embeddings, so the concept terms train the image "
         "tower and s, b only (the diagnosis's ablation: which tower carries their costs).")
+    phrase_context: Literal["auto", "context", "trimmed"] = Field(
+        "auto", description="Length phrases are encoded at: 'context', padded to the captions' context; 'trimmed', "
+        "cut to the batch's longest phrase (+1, rounded up to 8: far fewer text-tower FLOPs); 'auto', trimmed where "
+        "that is exact (a causal text tower pooling at the end-of-text token, as CLIP's) and the context elsewhere "
+        "(SigLIP's tower sees its padding, so trimming changes its embeddings). README 'Performance'.")
     hard_examples: HardExampleParams = Field(default_factory=HardExampleParams, description="negclip and hp_hn: hard negatives / positives.")
     clic: CLICParams = Field(default_factory=CLICParams, description="clic: loss weights and the trained towers.")
 
