@@ -44,7 +44,7 @@ def write_shards(root: Path, images: int, size: int) -> tuple[list[str], dict[st
 
 def samples_per_s(shards: list[str], phrases: dict[str, list[str]], resolution: int, batch: int, batches: int, trim: bool) -> float:
     params = validate_params("train", {
-        "data": {"shards": shards, "concepts_dir": "unused", "shuffle_buffer": 256, "workers": 0, "caption_fields": ["long"]},
+        "data": {"shards": shards, "concepts_dir": "unused", "shuffle_buffer": 256, "workers": 0, "caption_field": "long"},
         "model": {"name": "ViT-B-16", "init": "scratch"}, "method": {"name": "c2lip"},
         "global_batch": batch, "micro_batch": batch, "steps": batches, "output_dir": "unused"})
     transform = open_clip.image_transform(resolution, is_train=True)
