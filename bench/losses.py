@@ -7,7 +7,11 @@
    vectorised L_xac in one chunk (the default chunk of 512 holds all 480 phrases), of its chunked,
    checkpointed path (chunks of 96 phrases, recomputed in the backward pass), and of a per-phrase loop
    (each phrase vectorised over images), with the ratios.
-2. Training-step time of a C2LIP step (L_sig + L_npc + L_xac, phrases encoded by the text tower) against
+2. L_xac's precision where a phrase's attended tokens nearly cancel (pairs of opposite tokens u, −u + δ, a
+   phrase orthogonal to them, pooled norm |v| ≈ 1e-3 and 3e-4): the fp32 loss's relative error against
+   float64, with the norm taken of the pooled vector (the loss's way) and as sqrt(aᵀ U Uᵀ a) (the formula
+   used before, kept here as the reference it was replaced by).
+3. Training-step time of a C2LIP step (L_sig + L_npc + L_xac, phrases encoded by the text tower) against
    a plain SigLIP step, tiny SigLIP-like config, batch 64, ShapesWorld captions and phrases, AdamW.
 """
 
@@ -42,6 +46,30 @@ def xac_per_phrase_loop(tokens, phrases, owner, scale, bias):
         labels = (images == owner[k]).float() * 2 - 1
         total = total - F.logsigmoid(labels * (scale * pooled @ c + bias)).sum()
     return total / phrases.shape[0]
+
+
+def xac_gram_norm(tokens, phrases, owner, scale, bias):
+    """L_xac with the pooled norm as sqrt(aᵀ U Uᵀ a), the formula before: no [M, K, D] tensor, but it cancels."""
+    sims = torch.einsum("mjd,kd->mkj", tokens, phrases)
+    attention = sims.softmax(dim=-1)
+    norm = ((attention @ (tokens @ tokens.transpose(1, 2))) * attention).sum(-1).clamp_min(0).sqrt().clamp_min(1e-12)
+    labels = (torch.arange(tokens.shape[0])[:, None] == owner[None, :]).to(tokens.dtype) * 2 - 1
+    return -F.logsigmoid(labels * (scale * (attention * sims).sum(-1) / norm + bias)).sum() / phrases.shape[0]
+
+
+def precision_errors(nudge: float) -> tuple[float, float, float]:
+    """(pooled norm, relative error of the loss's way, of the old formula) for near-cancelling tokens."""
+    g = torch.Generator().manual_seed(0)
+    base = F.normalize(torch.randn(8, 32, generator=g, dtype=torch.float64), dim=-1)
+    tokens = torch.cat([base, -base + nudge * torch.randn(8, 32, generator=g, dtype=torch.float64)])[None].repeat(2, 1, 1)
+    phrase = torch.randn(1, 32, generator=g, dtype=torch.float64)
+    phrase = F.normalize(phrase - (phrase @ base.T) @ torch.linalg.pinv(base.T), dim=-1)  # orthogonal to every u
+    owner, s, b = torch.tensor([0]), torch.tensor([10.0], dtype=torch.float64), torch.tensor([-5.0], dtype=torch.float64)
+    pooled = (torch.softmax(tokens[0] @ phrase[0], 0) @ tokens[0]).norm().item()
+    reference = xac_loss(tokens, phrase, owner, s, b)
+    ours = xac_loss(tokens.float(), phrase.float(), owner, s.float(), b.float())
+    old = xac_gram_norm(tokens.float(), phrase.float(), owner, s.float(), b.float())
+    return pooled, (abs(ours.double() - reference) / reference).item(), (abs(old.double() - reference) / reference).item()
 
 
 def _inputs():
@@ -136,6 +164,10 @@ def main() -> None:
     print(f"  vectorised, chunks of {CHUNKED} (ckpt) {chunk_t:8.3f} s   extra peak RSS {chunk_mem:8.0f} MiB   loss {chunk_loss:.6f}")
     print(f"  speed-up over the loop: one chunk {loop_t / fast_t:.1f}x, chunked {loop_t / chunk_t:.1f}x  (target >= 20x); "
           f"chunked/one-chunk time {chunk_t / fast_t:.2f}x, memory {chunk_mem / max(fast_mem, 1):.2f}x")
+    print("L_xac precision, fp32 loss against float64, near-cancelling tokens")
+    for nudge in (1e-3, 3e-4):
+        pooled, ours, old = precision_errors(nudge)
+        print(f"  pooled norm {pooled:.1e}: norm of the pooled vector {ours:.1e}, sqrt(a^T U U^T a) {old:.1e} (relative error)")
     t = step_times(args.steps)
     print(f"Training step, tiny SigLIP-like config, batch 64, ShapesWorld (median of {args.steps})")
     print(f"  siglip step        {t['siglip']:8.3f} s")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import HANG_S, REPO
 from PIL import Image
 
 from components import evaluate as ev
@@ -310,7 +310,7 @@ def test_two_models_evaluated_at_once_on_one_suite_each_get_their_own_results(tm
         class Overlapping(StubClip):
             def encode_text(self, ids, normalize=False):
                 if barrier is not None:  # both models are between their image encoding and their scoring at once
-                    barrier.wait(timeout=60)
+                    barrier.wait(timeout=HANG_S)  # only a hang fails
                 return super().encode_text(ids, normalize)
 
         return ev.evaluate_shared(Overlapping(vecs, tok), stub_preprocess, tok, tasks, params, progress=False)
@@ -325,7 +325,7 @@ def test_two_models_evaluated_at_once_on_one_suite_each_get_their_own_results(tm
 
     threads = [threading.Thread(target=worker, args=(k, v)) for k, v in enumerate((text_a, text_b))]
     [t.start() for t in threads]
-    [t.join(timeout=120) for t in threads]
+    [t.join(timeout=HANG_S) for t in threads]
     assert together == alone
     assert [dict(vars(t)) for t in tasks] == before  # evaluating left the shared tasks as they were
 

@@ -8,6 +8,7 @@ ARO cleans it). Readers return :class:`components.suite.formats.Task` like the o
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,7 @@ def aro_vg(path: Path, image_root: Path, name: str, kind: str) -> Task:
             groups.append("_".join(str(a) for a in _field(path, where, item, "attributes", list)))
         held.append(_held(item))
     _nonempty(path, len(img))
-    sizes = {g: groups.count(g) for g in set(groups)}
+    sizes = Counter(groups)
     if kind == "relation":
         counted = {g for g in sizes if g not in ARO_SYMMETRIC_RELATIONS}
         why = "every relation is one ARO leaves out as symmetric"
