@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from components.data.stream import TrainBatches, check_tar, expand_shards, load_phrases
 from components.method.methods import method_for
-from components.method.models import trims_phrases
+from components.method.models import model_config, trims_phrases
 from components.method.module import TrainingModule
 from components.method.optim import build_model, calibrate_logits, lr_factor, param_groups
 from components.shared.atomic import CorruptFileError, atomic_write_json, fingerprint, remove_inside
@@ -312,7 +312,8 @@ def save(run: Run) -> dict[str, float]:
     result: dict[str, float] = {}
     if run.main:
         model = run.engine.module.model
-        export_dir = export_model(model, params.model.name, params.output_dir / "export", params.export_dtype)
+        export_dir = export_model(model, params.model.name, params.output_dir / "export", params.export_dtype,
+                                  model_cfg=model_config(params.model.name, params.model.text_tower), tokenizer=run.tokenizer)
         if params.export_dtype != "float32":  # the figures below describe the exported (rounded) weights
             with torch.no_grad():
                 for tensor in [*model.parameters(), *model.buffers()]:

@@ -14,6 +14,7 @@ import open_clip
 import timm
 import torch
 from open_clip.modified_resnet import AttentionPool2d, ModifiedResNet
+from open_clip.tokenizer import HFTokenizer
 from open_clip.timm_model import TimmModel
 from open_clip.transformer import VisionTransformer as OpenClipViT
 from timm.layers import AttentionPoolLatent
@@ -54,20 +55,80 @@ if "c2lip_vit_tiny_map" not in timm.list_models("c2lip_*"):
 open_clip.add_model_config(CONFIG_DIR)
 
 
-def create_model(name: str, pretrained: str | None = None, nonscalar_logit_scale: bool = True, **kwargs):
+def hf_text_cfg(text_tower) -> dict:
+    """open_clip's text_cfg for a Hugging Face text tower (``text_tower``: HFTextTowerParams)."""
+    return {
+        "hf_model_name": text_tower.hf_model_name,
+        "hf_tokenizer_name": text_tower.tokenizer_name,
+        "hf_model_pretrained": text_tower.pretrained,
+        "hf_pooler_type": text_tower.pooler,
+        "hf_proj_type": text_tower.proj,
+        "context_length": text_tower.context_length,
+    }
+
+
+def model_config(name: str, text_tower=None) -> dict:
+    """The open_clip model config of ``name``, its text_cfg replaced by a Hugging Face tower when ``text_tower``
+    is given (what an export must record to be rebuilt)."""
+    cfg = open_clip.get_model_config(name)
+    if cfg is None:
+        raise ValueError(f"model {name!r} is not an open_clip architecture")
+    if text_tower is not None:
+        cfg["text_cfg"] = hf_text_cfg(text_tower)
+        cfg["custom_text"] = True
+    return cfg
+
+
+def hf_layers(transformer: torch.nn.Module) -> torch.nn.ModuleList:
+    """The Hugging Face encoder's stack of layers: the ModuleList as long as ``config.num_hidden_layers`` (BERT's
+    ``encoder.layer``, T5's ``block``, ...), found by shape rather than by a per-architecture attribute name."""
+    depth = getattr(transformer.config, "num_hidden_layers", None)
+    stacks = [m for m in transformer.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == depth]
+    if not stacks:
+        raise ValueError(f"{type(transformer).__name__}: no stack of {depth} layers found to lock")
+    return stacks[0]
+
+
+def lock_hf_text_tower(text: torch.nn.Module, unlocked_layers: int, freeze_layer_norm: bool = True) -> None:
+    """Train only the last ``unlocked_layers`` layers of a Hugging Face text tower (and what open_clip puts after
+    it: pooler, projection). open_clip's own ``lock`` needs a per-architecture layer name that its table lacks
+    for BERT; this finds the stack by its length."""
+    layers = hf_layers(text.transformer)
+    if unlocked_layers > len(layers):
+        raise ValueError(f"unlocked_layers={unlocked_layers}: the text tower has only {len(layers)} layers")
+    for name, p in text.transformer.named_parameters():
+        is_norm = any(part.lower().startswith(("layernorm", "layer_norm", "ln")) for part in name.split("."))
+        p.requires_grad = is_norm and not freeze_layer_norm
+    for layer in layers[len(layers) - unlocked_layers:]:
+        layer.requires_grad_(True)
+
+
+def create_model(name: str, pretrained: str | None = None, nonscalar_logit_scale: bool = True, text_tower=None, **kwargs):
     """(model, train transform, eval transform, tokenizer) for any open_clip architecture by name.
 
     ``pretrained`` is an open_clip tag (``webli``) or a local checkpoint path; a checkpoint whose logit
     scale/bias are 0-dim loads into the 1-dim ones that ``nonscalar_logit_scale`` gives (DeepSpeed 0.19.8
-    fails on 0-dim parameters). Extra keyword arguments go to ``open_clip.create_model_and_transforms``.
+    fails on 0-dim parameters). ``text_tower`` (HFTextTowerParams) swaps in a Hugging Face text tower: its
+    weights load by name or folder (``pretrained: true``, and no checkpoint given), its layers are locked as
+    ``unlocked_layers`` says, and the tokenizer is its own. Extra keyword arguments go to
+    ``open_clip.create_model_and_transforms``.
     """
     if name not in open_clip.list_models():
         raise ValueError(f"model {name!r} is not an open_clip architecture; known: c2lip tiny configs "
                          f"{[TINY_SIGLIP, TINY_CLIP]} and {len(open_clip.list_models())} others")
+    if text_tower is not None:
+        kwargs["text_cfg"] = hf_text_cfg(text_tower)
+        kwargs["pretrained_hf"] = text_tower.pretrained  # open_clip skips it anyway when a checkpoint is loaded
+        kwargs["force_custom_text"] = True
     model, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
         name, pretrained=pretrained, nonscalar_logit_scale=nonscalar_logit_scale, **kwargs
     )
-    return model, preprocess_train, preprocess_val, open_clip.get_tokenizer(name)
+    if text_tower is None:
+        return model, preprocess_train, preprocess_val, open_clip.get_tokenizer(name)
+    if text_tower.unlocked_layers is not None:
+        lock_hf_text_tower(model.text, text_tower.unlocked_layers, text_tower.freeze_layer_norm)
+    tokenizer = HFTokenizer(text_tower.tokenizer_name, context_length=text_tower.context_length)
+    return model, preprocess_train, preprocess_val, tokenizer
 
 
 # --------------------------------------------------------------------------------------------------

@@ -3,14 +3,15 @@ of a training run. Pure torch (and open_clip for the model), no I/O besides load
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import torch
 
 from components.method.models import create_model
-from components.shared.checkpoints import EXPORT_WEIGHTS
-from components.shared.params import TrainParams
+from components.shared.checkpoints import EXPORT_CONFIG, EXPORT_WEIGHTS
+from components.shared.params import ParamsError, TrainParams
 
 
 def build_model(params: TrainParams):
@@ -20,9 +21,25 @@ def build_model(params: TrainParams):
         pretrained = None
     elif Path(init).is_dir():
         pretrained = str(Path(init) / EXPORT_WEIGHTS)
+        check_text_tower(Path(init), params)
     else:
         pretrained = init
-    return create_model(params.model.name, pretrained=pretrained, aug_cfg={"scale": tuple(params.data.crop_scale)})
+    return create_model(params.model.name, pretrained=pretrained, text_tower=params.model.text_tower,
+                        aug_cfg={"scale": tuple(params.data.crop_scale)})
+
+
+def check_text_tower(export: Path, params: TrainParams) -> None:
+    """An export's text tower must be the one ``model.text_tower`` asks for: a base exported with open_clip's own
+    tower cannot start a run with a Hugging Face one (its weights have nowhere to go), and the reverse."""
+    config_file = export / EXPORT_CONFIG
+    if not config_file.is_file():
+        return  # check_export names a broken export when the weights are loaded
+    exported = json.loads(config_file.read_text()).get("model_cfg", {}).get("text_cfg", {}).get("hf_model_name")
+    wanted = params.model.text_tower.hf_model_name if params.model.text_tower else None
+    if exported != wanted:
+        raise ParamsError(f"model.init {export}: exported with text tower {exported or 'open_clip (no hf_model_name)'}, but "
+                          f"model.text_tower asks for {wanted or 'none'}; train a base with the same model.text_tower "
+                          "(params/base.yaml) or start from scratch (model.init: scratch)")
 
 
 def param_groups(module: torch.nn.Module, optim) -> list[dict]:

@@ -118,18 +118,26 @@ def check_export(folder: Path) -> Path:
     return folder
 
 
-def export_model(model: torch.nn.Module, name: str, out_dir: Path, dtype: str = "float32") -> Path:
+def export_model(model: torch.nn.Module, name: str, out_dir: Path, dtype: str = "float32", model_cfg: dict | None = None,
+                 tokenizer=None) -> Path:
     """open_clip_config.json (model + preprocess config) and open_clip_model.safetensors, written to a
     temporary directory and renamed into place. Loads with ``open_clip.create_model_and_transforms(
     "local-dir:<out_dir>")``, or ``(name, pretrained=<out_dir>/open_clip_model.safetensors)`` for a name
-    open_clip knows."""
+    open_clip knows. ``model_cfg``: the config the model was built from when it is not the named one (a Hugging
+    Face text tower); ``tokenizer``: an open_clip HFTokenizer, saved into the folder, where ``local-dir:``
+    loading looks for it."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     remove_inside(out_dir.parent, tmp.name)  # a killed export's leftovers
     tmp.mkdir(parents=True)
-    model_cfg = open_clip.get_model_config(name)
+    model_cfg = dict(model_cfg or open_clip.get_model_config(name))
+    if "hf_model_name" in model_cfg.get("text_cfg", {}):
+        # the weights below hold the tower: a reload builds it from its config, never downloads weights
+        model_cfg["text_cfg"] = {**model_cfg["text_cfg"], "hf_model_pretrained": False}
+    if tokenizer is not None and hasattr(tokenizer, "tokenizer") and hasattr(tokenizer.tokenizer, "save_pretrained"):
+        tokenizer.tokenizer.save_pretrained(str(tmp))
     # the 1-dim logit scale/bias are a DeepSpeed need; open_clip reshapes them into a default model
     model_cfg.pop("nonscalar_logit_scale", None)
     preprocess = dict(getattr(model.visual, "preprocess_cfg", {}) or {})

@@ -42,7 +42,7 @@ from components.shared.params_eval import (  # noqa: F401
     WorldDifficulty,
     ZeroShotParams,
 )
-from components.shared.params_train import CLICParams, HardExampleParams, MethodParams, ModelParams, OptimParams, SentenceSamplingParams, TrainDataParams, TrainParams  # noqa: F401
+from components.shared.params_train import CLICParams, HardExampleParams, HFTextTowerParams, MethodParams, ModelParams, OptimParams, SentenceSamplingParams, TrainDataParams, TrainParams  # noqa: F401
 
 STAGES: dict[str, type[Strict]] = {
     "captions": CaptionsParams, "concepts": ConceptsParams, "train": TrainParams, "base": TrainParams,

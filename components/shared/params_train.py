@@ -75,6 +75,29 @@ class TrainDataParams(Strict):
         return [self.caption_field] if isinstance(self.caption_field, str) else list(self.caption_field)
 
 
+class HFTextTowerParams(Strict):
+    """A pretrained language model as the text tower (arXiv 2412.15396's second finding): open_clip's HF text
+    tower (``hf_model_name`` in the architecture's text_cfg) replaces the architecture's own, the image tower stays."""
+
+    hf_model_name: str = Field(..., min_length=1, description="A Hugging Face encoder by hub name (e.g. "
+                               "bert-base-uncased) or local folder (config.json + weights); HF_HUB_OFFLINE=1 reads the cache only.")
+    hf_tokenizer_name: str | None = Field(None, description="Its tokenizer (name or folder); None: hf_model_name.")
+    pretrained: bool = Field(True, description="Load the model's weights (false: random init from its config). A model.init "
+                             "checkpoint replaces them either way.")
+    pooler: Literal["mean_pooler", "max_pooler", "cls_pooler", "cls_last_hidden_state_pooler"] = Field(
+        "mean_pooler", description="How the token states become one vector (open_clip's HF poolers).")
+    proj: Literal["mlp", "linear"] = Field("mlp", description="Projection into the joint space (open_clip's hf_proj_type).")
+    context_length: int = Field(64, ge=2, le=4096, description="Tokens per caption (at most the model's position embeddings).")
+    unlocked_layers: int | None = Field(
+        None, ge=0, description="Train only the last k transformer layers (and the projection); 0: only the projection; "
+        "None: the whole tower trains.")
+    freeze_layer_norm: bool = Field(True, description="With unlocked_layers: keep the frozen layers' LayerNorms frozen too.")
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.hf_tokenizer_name or self.hf_model_name
+
+
 class ModelParams(Strict):
     """The open_clip architecture and where its weights start."""
 
@@ -91,6 +114,8 @@ class ModelParams(Strict):
         description="Before the first step, fit the logit scale and bias to the sigmoid loss on this many "
         "micro-batches with the model frozen (a softmax-trained base has an uncalibrated bias); 0: off.",
     )
+    text_tower: HFTextTowerParams | None = Field(
+        None, description="A Hugging Face language model as the text tower instead of the architecture's own (None: keep it).")
 
 
 class HardExampleParams(Strict):
