@@ -29,14 +29,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from components.data.phrase_quality import gold_quality, normalise, phrase_key, phrase_quality  # noqa: F401  (tests, bench)
 from components.shared.atomic import CorruptFileError, atomic_write_json, atomic_write_parquet, check_entry_name, fingerprint, read_parquet, resume_or_restart
 from components.shared.params import ConceptsParams, ParamsError, PhraseRules, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.stage_code import stage_code
-
-DETERMINERS = ("a ", "an ", "the ", "this ", "that ", "these ", "those ")
 
 
 class ConceptsError(ValueError):
@@ -46,15 +46,6 @@ class ConceptsError(ValueError):
 # --------------------------------------------------------------------------------------------------
 # phrase rules (pure functions of a parsed Doc)
 # --------------------------------------------------------------------------------------------------
-
-
-def normalise(text: str) -> str:
-    """Lower-case, single spaces, no leading determiner: how phrases are compared."""
-    text = " ".join(text.split()).lower()
-    for det in DETERMINERS:
-        if text.startswith(det):
-            return text[len(det):]
-    return text
 
 
 NOUN_TAGS = frozenset({"NN", "NNS", "NNP", "NNPS"})
@@ -119,7 +110,15 @@ def prepare_caption(text: str | None, max_chars: int) -> tuple[str, bool]:
 
 
 def load_nlp(params: ConceptsParams):
-    """The spaCy pipeline named in params, without the components noun chunks don't need."""
+    """The extractor: the spaCy pipeline named in params, without the components noun chunks don't need; or, with
+    ``extractor: llm``, the language model (:mod:`components.data.llm_phrases`)."""
+    if params.extractor == "llm":
+        from components.data.llm_phrases import LlmPhraseExtractor
+
+        try:
+            return LlmPhraseExtractor(params.llm)
+        except (OSError, ValueError) as err:
+            raise ConceptsError(f"llm.model {params.llm.model!r} cannot be loaded: {str(err).splitlines()[0][:300]}") from None
     import spacy
 
     try:
@@ -137,6 +136,9 @@ def load_nlp(params: ConceptsParams):
 
 def extract(nlp, captions: Iterable[str | None], params: ConceptsParams, n_process: int = 1) -> Iterator[dict[str, Any]]:
     """Phrases of each caption, in order: ``{"phrases", "empty", "truncated", "cut", "fallback"}``."""
+    if params.extractor == "llm":  # nlp is the language model; it batches on its own (n_process does not apply)
+        yield from nlp.extract(captions, params, prepare_caption)
+        return
     rules = params.rules
 
     def prepared() -> Iterator[tuple[str, tuple[bool, bool, str]]]:
@@ -153,64 +155,21 @@ def extract(nlp, captions: Iterable[str | None], params: ConceptsParams, n_proce
 
 
 # --------------------------------------------------------------------------------------------------
-# quality against ShapesWorld's true object phrases
-# --------------------------------------------------------------------------------------------------
-
-
-def phrase_quality(extracted: list[list[str]], truth: list[list[str]]) -> dict[str, float]:
-    """Recall: true object phrases found exactly (up to case and determiner). Precision: extracted
-    phrases that name an object — the full phrase or a shorter reference ("the red circle" for
-    "a large red circle")."""
-    found = true_total = object_like = extracted_total = 0
-    for phrases, objects in zip(extracted, truth):
-        norms = {normalise(p) for p in phrases}
-        true_norms = [normalise(o) for o in objects]
-        found += sum(t in norms for t in true_norms)
-        true_total += len(true_norms)
-        references = {" ".join(t.split()[i:]) for t in true_norms for i in range(len(t.split()))}
-        object_like += sum(normalise(p) in references for p in phrases)
-        extracted_total += len(phrases)
-    return {
-        "recall": round(found / true_total, 4) if true_total else None,
-        "precision": round(object_like / extracted_total, 4) if extracted_total else None,
-        "captions": len(truth),
-    }
-
-
-# Words a hand-labelled phrase may or may not start with and still name the same concept ("his laptop",
-# "two zebras", "another cat"): stripped from the front before gold phrases and extracted ones are compared.
-GOLD_LEADING_WORDS = frozenset(
-    "a an the this that these those his her its their my your our it's some several many few one two three four "
-    "five six seven eight nine ten another other each both all any".split()
-)
-
-
-def phrase_key(phrase: str) -> str:
-    """How a phrase is compared with the gold set's: lower-case, single spaces, leading determiners,
-    possessives and quantifiers dropped."""
-    words = phrase.lower().split()
-    while len(words) > 1 and words[0] in GOLD_LEADING_WORDS:
-        words = words[1:]
-    return " ".join(words)
-
-
-def gold_quality(extracted: list[list[str]], gold: list[list[str]]) -> dict[str, float]:
-    """Phrase precision and recall against hand-labelled phrases (tests/data/noun_phrases_gold.jsonl):
-    per caption, the distinct keys (:func:`phrase_key`) extracted and labelled; precision = shared /
-    extracted, recall = shared / labelled, both over all captions."""
-    shared = n_extracted = n_gold = 0
-    for phrases, labels in zip(extracted, gold, strict=True):
-        got, want = {phrase_key(p) for p in phrases}, {phrase_key(p) for p in labels}
-        shared += len(got & want)
-        n_extracted += len(got)
-        n_gold += len(want)
-    return {"precision": shared / n_extracted if n_extracted else 0.0, "recall": shared / n_gold if n_gold else 0.0,
-            "captions": len(gold), "extracted": n_extracted, "labelled": n_gold}
-
-
-# --------------------------------------------------------------------------------------------------
 # the stage
 # --------------------------------------------------------------------------------------------------
+
+
+def join_recaptions(table: pa.Table, params: ConceptsParams) -> pa.Table:
+    """The captions manifest with the recaption stage's ``caption_field`` joined on by key (manifest order kept)."""
+    path = params.recaptions
+    if not path.is_file():
+        raise ConceptsError(f"caption_field {params.caption_field!r} is not a captions manifest column and recaptions: {path} "
+                            "does not exist (run the recaption stage first: dvc repro recaption)")
+    recaptions = read_parquet(path)
+    if params.caption_field not in recaptions.column_names:
+        return table  # read_manifest names the missing column
+    by_key = dict(zip(recaptions["key"].to_pylist(), recaptions[params.caption_field].to_pylist()))
+    return table.append_column(params.caption_field, pa.array([by_key.get(k) for k in table["key"].to_pylist()], pa.string()))
 
 
 def read_manifest(params: ConceptsParams) -> pa.Table:
@@ -219,6 +178,8 @@ def read_manifest(params: ConceptsParams) -> pa.Table:
     if not path.is_file():
         raise ConceptsError(f"manifest: {path} does not exist (run the captions stage first: dvc repro captions)")
     table = read_parquet(path)
+    if params.caption_field not in table.column_names and params.recaptions is not None:
+        table = join_recaptions(table, params)
     names = table.column_names
     for column in ("key", "split", "shard", params.caption_field):
         if column not in names:
@@ -265,6 +226,8 @@ def prepare_output(params: ConceptsParams) -> None:
     """Keep finished shards made by the same params, code and captions; start afresh otherwise."""
     shaping = params.model_dump(mode="json", exclude={"n_process", "batch_size", "stats_path", "quality_fields", "quality_samples"})
     shaping["manifest_sha"] = fingerprint(None, [params.manifest])  # new captions make old phrases stale
+    if params.recaptions is not None and params.caption_field not in pq.read_schema(params.manifest).names:
+        shaping["recaptions_sha"] = fingerprint(None, [params.recaptions])  # the captions parsed are the recaptions
     resume_or_restart(params.output_dir, fingerprint(shaping, stage_code("components.concepts")), params.splits)
 
 
@@ -364,7 +327,9 @@ def summarise(params: ConceptsParams, shards: list[str], nlp, manifest: pa.Table
     stats: dict[str, Any] = {
         "captions": len(per_caption),
         "caption_field": params.caption_field,
-        "spacy_model": params.spacy_model,
+        "extractor": params.extractor,
+        "spacy_model": params.spacy_model if params.extractor == "spacy" else None,
+        "llm_model": params.llm.model if params.extractor == "llm" else None,
         "phrases_per_caption": {
             "mean": round(float(n.mean()), 3) if n.size else 0.0,
             "p50": float(np.percentile(n, 50)) if n.size else 0.0,

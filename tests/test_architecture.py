@@ -36,7 +36,7 @@ def test_every_preset_validates_for_the_stage_its_first_line_names():
 def test_a_stage_params_file_states_the_schema_defaults_and_nothing_else():
     """One source of defaults: params/<stage>.yaml, validated, equals the schema's defaults (a test that
     builds params from a partial mapping gets what the shipped stage runs with)."""
-    for stage in ("captions", "concepts", "train", "benchmarks", "evaluate", "registry"):
+    for stage in ("captions", "recaption", "concepts", "train", "benchmarks", "evaluate", "registry"):
         shipped = load_params(stage, PARAMS_DIR / f"{stage}.yaml").model_dump(mode="json")
         defaults = STAGES[stage]().model_dump(mode="json")
         differing = sorted(k for k in shipped if shipped[k] != defaults[k])
@@ -55,7 +55,7 @@ def _dvc_stages() -> dict[str, tuple[str, list[str]]]:
 
 def test_dvc_deps_cover_each_stages_code():
     stages = _dvc_stages()
-    assert {"captions", "concepts", "base", "train", "benchmarks", "evaluate"} <= set(stages)
+    assert {"captions", "recaption", "concepts", "base", "train", "benchmarks", "evaluate"} <= set(stages)
     for name, (module, deps) in stages.items():
         for path in stage_code(module):
             rel = path.relative_to(REPO).as_posix()

@@ -95,7 +95,7 @@ def test_the_export_holds_the_tower_and_its_tokenizer_and_reloads_without_our_co
         assert torch.allclose(torch.load(probe), model.encode_text(tokenizer(["a red circle", "a blue cross"])), atol=1e-6)
 
 
-def test_a_base_exported_without_the_tower_cannot_start_a_run_with_it(bert, tiny_data, tmp_path):
+def test_a_base_exported_without_the_tower_cannot_start_a_run_with_it(bert, tiny_data, tmp_path):  # noqa: F811
     model, *_ = models.create_model(models.TINY_RN)
     export = export_model(model, models.TINY_RN, tmp_path / "export")
     params = TrainParams.model_validate(tiny_train(tiny_data, tmp_path / "out", model={"init": str(export),

@@ -57,7 +57,7 @@ def tiny_causal_lm(folder: Path) -> Path:
 def tiny_image_captioner(folder: Path, image_size: int = 32) -> Path:
     """A vision-encoder-decoder (2-layer ViT encoder, 2-layer GPT-2 decoder with cross-attention) with a ViT
     image processor and a word-level tokenizer, saved to ``folder`` as BLIP-style captioners are."""
-    from transformers import GPT2Config, ViTConfig, ViTImageProcessor, VisionEncoderDecoderConfig, VisionEncoderDecoderModel
+    from transformers import GPT2Config, VisionEncoderDecoderConfig, VisionEncoderDecoderModel, ViTConfig, ViTImageProcessor
 
     tokenizer, size = _word_tokenizer(SPECIAL, pad_token="[PAD]", eos_token="</s>", bos_token="<s>")
     encoder = ViTConfig(image_size=image_size, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

@@ -65,6 +65,22 @@ def load_phrases(concepts_dir: Path) -> dict[str, list[str]]:
     return phrases
 
 
+def load_recaptions(recaptions_dir: Path | None, fields: list[str]) -> dict[str, dict[str, str]]:
+    """field -> key -> caption, for the wanted fields the recaption stage's files hold (none: empty)."""
+    if recaptions_dir is None or not Path(recaptions_dir).is_dir():
+        return {}
+    files = sorted(Path(recaptions_dir).glob("*.parquet"))
+    if not files:
+        return {}
+    columns = [f for f in fields if f in read_parquet(files[0]).column_names and f not in ("key", "status")]
+    recaptions: dict[str, dict[str, str]] = {f: {} for f in columns}
+    for path in files if columns else []:
+        table = read_parquet(path, columns=["key", *columns]).to_pydict()
+        for field in columns:
+            recaptions[field].update(zip(table["key"], table[field]))
+    return recaptions
+
+
 def sample_stream(shards: list[str], seed: int, rank: int, world: int, shuffle_buffer: int) -> Iterator[dict]:
     """Endless raw samples for one rank: each epoch permutes the shards with (seed, epoch), deals them out
     round-robin to the ranks, and shuffles samples in a buffer seeded by (seed, epoch, rank)."""
@@ -127,6 +143,8 @@ class TrainBatches(IterableDataset):
         self.transform, self.tokenizer, self.phrases = transform, tokenizer, phrases
         self.build, self.accumulation, self.trim_phrases = build, accumulation, trim_phrases
         self._nlp: dict[str, Any] = {}
+        data = params.data
+        self.recaptions = load_recaptions(data.recaptions_dir, [*data.caption_fields, *filter(None, [data.single_object_caption_field])])
 
     def __iter__(self):
         info = get_worker_info()
@@ -162,11 +180,17 @@ class TrainBatches(IterableDataset):
                 meta = json.loads(sample["json"]) if "json" in sample else {}
                 if data.single_object_caption_field and len(meta.get("objects", ())) == 1:
                     field = data.single_object_caption_field
-                caption = meta.get("captions", {}).get(field)
+                if field in self.recaptions:
+                    caption = self.recaptions[field].get(key)
+                    if caption is None:
+                        raise KeyError(f"no {field!r} caption in {data.recaptions_dir} (recaptioned from other shards? dvc repro recaption)")
+                else:
+                    caption = meta.get("captions", {}).get(field)
                 if caption is None and field == "txt" and "txt" in sample:
                     caption = sample["txt"].decode()
                 if caption is None:
-                    raise KeyError(f"caption field {field!r} missing")
+                    raise KeyError(f"caption field {field!r} missing: not in the sample's captions, nor a column of "
+                                   f"data.recaptions_dir {data.recaptions_dir}")
                 image = Image.open(io.BytesIO(sample["jpg"])).convert("RGB")
             except Exception as err:  # noqa: BLE001 - any broken sample: name it and stop
                 raise ValueError(f"{sample.get('__url__', '?')}: sample {key!r}: {err}") from err

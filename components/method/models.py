@@ -14,8 +14,8 @@ import open_clip
 import timm
 import torch
 from open_clip.modified_resnet import AttentionPool2d, ModifiedResNet
-from open_clip.tokenizer import HFTokenizer
 from open_clip.timm_model import TimmModel
+from open_clip.tokenizer import HFTokenizer
 from open_clip.transformer import VisionTransformer as OpenClipViT
 from timm.layers import AttentionPoolLatent
 from timm.models import register_model

@@ -42,10 +42,11 @@ from components.shared.params_eval import (  # noqa: F401
     WorldDifficulty,
     ZeroShotParams,
 )
+from components.shared.params_models import DEFAULT_EXTRACTION_PROMPT, HFGenerationParams, LlmExtractorParams, RecaptionParams, TransformersCaptionerParams  # noqa: F401
 from components.shared.params_train import CLICParams, HardExampleParams, HFTextTowerParams, MethodParams, ModelParams, OptimParams, SentenceSamplingParams, TrainDataParams, TrainParams  # noqa: F401
 
 STAGES: dict[str, type[Strict]] = {
-    "captions": CaptionsParams, "concepts": ConceptsParams, "train": TrainParams, "base": TrainParams,
+    "captions": CaptionsParams, "recaption": RecaptionParams, "concepts": ConceptsParams, "train": TrainParams, "base": TrainParams,
     "benchmarks": BenchmarksParams, "evaluate": EvaluateParams, "registry": RegistryParams, "compare": CompareParams,
 }
 

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from components.shared.params_base import CAPTION_FIELD_PATTERN, ENTRY_NAME_PATTERN, Strict
+from components.shared.params_models import LlmExtractorParams
 
 # --------------------------------------------------------------------------------------------------
 # captions stage
@@ -258,7 +259,13 @@ class ConceptsParams(Strict):
     """The concepts stage: spaCy noun phrases of every training caption, one Parquet per manifest shard."""
 
     manifest: Path = Field(Path("data/captions/manifest.parquet"), description="The captions stage's manifest.")
-    caption_field: str = Field("long", pattern=CAPTION_FIELD_PATTERN, description="Manifest column whose captions are parsed.")
+    caption_field: str = Field("long", pattern=CAPTION_FIELD_PATTERN, description="Manifest column whose captions are parsed "
+                               "(or the recaption stage's field: then read from the recaptions manifest).")
+    recaptions: Path | None = Field(Path("data/recaptions/manifest.parquet"), description="The recaption stage's manifest, "
+                                    "joined by key when caption_field is not a column of manifest.")
+    extractor: Literal["spacy", "llm"] = Field("spacy", description="spacy: noun chunks + the rules below; llm: a small "
+                                               "instruction model prompted per caption (C2LIP's release), the same rules' filters after.")
+    llm: LlmExtractorParams | None = Field(None, description="The model and prompt, with extractor: llm.")
     splits: list[Annotated[str, Field(pattern=ENTRY_NAME_PATTERN)]] = Field(
         default_factory=lambda: ["train"], min_length=1,
         description="Manifest splits processed; each names a folder of output_dir, so a plain name (no '/', not '.' or '..').")
@@ -282,3 +289,9 @@ class ConceptsParams(Strict):
         description="Caption fields whose phrase recall/precision is measured where the manifest has true phrases.",
     )
     quality_samples: int = Field(1000, ge=0, description="Training captions per field used for the quality figures.")
+
+    @model_validator(mode="after")
+    def _check_extractor(self) -> "ConceptsParams":
+        if self.extractor == "llm" and self.llm is None:
+            raise ValueError("extractor: llm needs an llm: section (at least model: <name or folder>)")
+        return self

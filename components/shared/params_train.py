@@ -42,8 +42,13 @@ class TrainDataParams(Strict):
     )
     caption_field: str | list[str] = Field(
         "long",
-        description="Caption field trained on (a key of each sample's captions); a list picks one of them per "
-        "sample at random (seeded), as DreamLIP samples among its captions.",
+        description="Caption field trained on (a key of each sample's captions, or the recaption stage's field); a list "
+        "picks one of them per sample at random (seeded), as DreamLIP samples among its captions.",
+    )
+    recaptions_dir: Path | None = Field(
+        Path("data/recaptions/train"),
+        description="The recaption stage's Parquet files (key -> new caption): a caption_field they hold is read from them "
+        "(so 'same images, raw vs recaptioned' is one param); read only when a caption field names one of their columns.",
     )
     single_object_caption_field: str | None = Field(
         None,

@@ -1,0 +1,67 @@
+"""How extracted noun phrases are compared: with ShapesWorld's true object phrases (the concepts stage's quality
+figures) and with hand-labelled ones (tests/data/noun_phrases_gold.jsonl, bench/concepts_gold.py,
+bench/concepts_llm.py). Pure functions of strings."""
+
+from __future__ import annotations
+
+DETERMINERS = ("a ", "an ", "the ", "this ", "that ", "these ", "those ")
+
+
+def normalise(text: str) -> str:
+    """Lower-case, single spaces, no leading determiner: how phrases are compared."""
+    text = " ".join(text.split()).lower()
+    for det in DETERMINERS:
+        if text.startswith(det):
+            return text[len(det):]
+    return text
+
+
+def phrase_quality(extracted: list[list[str]], truth: list[list[str]]) -> dict[str, float]:
+    """Recall: true object phrases found exactly (up to case and determiner). Precision: extracted
+    phrases that name an object — the full phrase or a shorter reference ("the red circle" for
+    "a large red circle")."""
+    found = true_total = object_like = extracted_total = 0
+    for phrases, objects in zip(extracted, truth):
+        norms = {normalise(p) for p in phrases}
+        true_norms = [normalise(o) for o in objects]
+        found += sum(t in norms for t in true_norms)
+        true_total += len(true_norms)
+        references = {" ".join(t.split()[i:]) for t in true_norms for i in range(len(t.split()))}
+        object_like += sum(normalise(p) in references for p in phrases)
+        extracted_total += len(phrases)
+    return {
+        "recall": round(found / true_total, 4) if true_total else None,
+        "precision": round(object_like / extracted_total, 4) if extracted_total else None,
+        "captions": len(truth),
+    }
+
+
+# Words a hand-labelled phrase may or may not start with and still name the same concept ("his laptop",
+# "two zebras", "another cat"): stripped from the front before gold phrases and extracted ones are compared.
+GOLD_LEADING_WORDS = frozenset(
+    "a an the this that these those his her its their my your our it's some several many few one two three four "
+    "five six seven eight nine ten another other each both all any".split()
+)
+
+
+def phrase_key(phrase: str) -> str:
+    """How a phrase is compared with the gold set's: lower-case, single spaces, leading determiners,
+    possessives and quantifiers dropped."""
+    words = phrase.lower().split()
+    while len(words) > 1 and words[0] in GOLD_LEADING_WORDS:
+        words = words[1:]
+    return " ".join(words)
+
+
+def gold_quality(extracted: list[list[str]], gold: list[list[str]]) -> dict[str, float]:
+    """Phrase precision and recall against hand-labelled phrases (tests/data/noun_phrases_gold.jsonl):
+    per caption, the distinct keys (:func:`phrase_key`) extracted and labelled; precision = shared /
+    extracted, recall = shared / labelled, both over all captions."""
+    shared = n_extracted = n_gold = 0
+    for phrases, labels in zip(extracted, gold, strict=True):
+        got, want = {phrase_key(p) for p in phrases}, {phrase_key(p) for p in labels}
+        shared += len(got & want)
+        n_extracted += len(got)
+        n_gold += len(want)
+    return {"precision": shared / n_extracted if n_extracted else 0.0, "recall": shared / n_gold if n_gold else 0.0,
+            "captions": len(gold), "extracted": n_extracted, "labelled": n_gold}

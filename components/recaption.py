@@ -1,0 +1,312 @@
+"""The recaption stage: a new caption for every training sample, from a captioner, next to the shards.
+
+    python -m components.recaption [--params params/recaption.yaml]
+    torchrun --nproc_per_node 8 -m components.recaption --params ...   (one process per GPU: shards dealt out)
+
+Replacing alt-text with a strong captioner's captions is what moves compositionality most in arXiv 2412.15396
+(C2LIP trains on DreamLIP's recaptions for the same reason). The captioners are in
+:mod:`components.data.captioners`: ``shapesworld`` (the scene's dense description, the default) or
+``transformers`` (any Hugging Face image-to-text model).
+
+Outputs under ``output_dir`` — the captions stage's shards are never rewritten:
+  <split>/<shard>.parquet   key, <field> (the new caption), status ("ok" or why it failed: the source caption is kept)
+  <split>/<shard>.done.json that shard's failures and timing (written last: the shard is finished)
+  manifest.parquet          key, split, <field>, status — what the concepts stage joins onto the captions manifest
+plus the stats JSON (DVC metrics: failures by reason, words per caption, vocabulary, old vs new) and a contact
+sheet of images with their old and new captions. A killed run resumes at the first unfinished shard; a change of
+the params that shape the output, of the stage's code or of the captions manifest starts afresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from tqdm import tqdm
+
+from components.data.captioners import CaptionInput, Failure, make_captioner
+from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json, atomic_write_parquet, fingerprint, read_parquet, resume_or_restart
+from components.shared.params import ParamsError, RecaptionParams, load_params
+from components.shared.processes import stage_process_setup
+from components.shared.reports import figure_png, pyplot
+from components.shared.stage_code import stage_code
+
+FAILURE_EXAMPLES = 3  # per reason, kept in the stats
+SHAPESWORLD_BATCH = 1000  # the oracle needs no model: large batches, one per shard at the default size
+
+
+class RecaptionError(Exception):
+    """Bad input (manifest, shards, model): the message names the file, key or setting."""
+
+
+def read_manifest(params: RecaptionParams) -> dict[str, dict[str, str]]:
+    """shard (relative to the manifest's folder) -> {key: source caption}, for the wanted splits, in manifest order."""
+    path = params.manifest
+    if not path.is_file():
+        raise RecaptionError(f"manifest: {path} does not exist (run the captions stage first: dvc repro captions)")
+    table = read_parquet(path)
+    for column in ("key", "split", "shard", params.source_field):
+        if column not in table.column_names:
+            raise RecaptionError(f"{path}: column {column!r} not found (source_field?); the manifest has {table.column_names}")
+    rows = table.select(["key", "split", "shard", params.source_field]).to_pydict()
+    missing = set(params.splits) - set(rows["split"])
+    if missing:
+        raise RecaptionError(f"{path}: no rows of split(s) {sorted(missing)}; it has {sorted(set(rows['split']))}")
+    shards: dict[str, dict[str, str]] = {}
+    for key, split, shard, text in zip(rows["key"], rows["split"], rows["shard"], rows[params.source_field]):
+        if split in params.splits:
+            if len(Path(shard).parts) != 2 or ".." in Path(shard).parts:
+                raise RecaptionError(f"{path}: shard {shard!r} of key {key!r} is not <split>/<file name>")
+            shards.setdefault(shard, {})[key] = text or ""
+    return shards
+
+
+def part_paths(params: RecaptionParams, shard: str) -> tuple[Path, Path]:
+    """(parquet, done-marker) of a shard: ``train/shard-000003.tar`` -> ``<output_dir>/train/shard-000003.*``."""
+    stem = params.output_dir / Path(shard).with_suffix("")
+    return stem.with_suffix(".parquet"), stem.with_suffix(".done.json")
+
+
+def prepare_output(params: RecaptionParams) -> None:
+    """Keep finished shards made by the same params, code and captions; start afresh otherwise."""
+    shaping = params.model_dump(mode="json", exclude={"stats_path", "contact_sheet", "contact_sheet_images"})
+    if params.transformers is not None:  # where and how fast it runs does not change the captions' meaning
+        shaping["transformers"].pop("device")
+        shaping["transformers"].pop("batch_size")
+    shaping["manifest_sha"] = fingerprint(None, [params.manifest])
+    resume_or_restart(params.output_dir, fingerprint(shaping, stage_code("components.recaption")), [*params.splits, "manifest.parquet"])
+
+
+def samples(tar: Path, wanted: dict[str, str], needs_images: bool):
+    """The shard's samples as CaptionInputs, or Failures for the unreadable ones; keys must be the manifest's."""
+    import webdataset as wds
+    from PIL import Image
+
+    if not tar.is_file():
+        raise RecaptionError(f"{tar}: shard listed in the manifest does not exist")
+    seen = 0
+    for sample in wds.tariterators.tarfile_samples([{"url": str(tar)}]):
+        key = sample["__key__"]
+        if key not in wanted:
+            raise RecaptionError(f"{tar}: sample {key!r} is not in the manifest (a stale manifest? re-run the captions stage)")
+        seen += 1
+        item = CaptionInput(key, wanted[key])
+        try:
+            item.meta = json.loads(sample["json"]) if "json" in sample else {}
+            if needs_images:
+                item.image = Image.open(io.BytesIO(sample["jpg"])).convert("RGB")
+        except Exception as err:  # noqa: BLE001 - any unreadable sample is counted, named and skipped
+            yield item, Failure("unreadable_sample", f"{key}: {str(err)[:200]}")
+            continue
+        yield item, None
+    if seen != len(wanted):
+        raise RecaptionError(f"{tar}: {len(wanted) - seen} of the manifest's {len(wanted)} samples are missing from the shard")
+
+
+def caption_batch(captioner, batch: list[CaptionInput]) -> list[str | Failure]:
+    """The captioner on a batch; if the batch fails as a whole, each sample alone, so one bad input costs one caption."""
+    try:
+        return captioner.caption(batch)
+    except Exception as err:  # noqa: BLE001 - a model error is a counted failure, not a lost shard
+        if len(batch) == 1:
+            return [Failure(f"error:{type(err).__name__}", f"{batch[0].key}: {str(err)[:200]}")]
+        return [result for item in batch for result in caption_batch(captioner, [item])]
+
+
+def recaption_shard(params: RecaptionParams, captioner, shard: str, wanted: dict[str, str]) -> dict[str, Any]:
+    """Caption one shard and write its Parquet, then its done-marker; returns the marker's content."""
+    started = time.perf_counter()
+    size = params.transformers.batch_size if params.transformers is not None else SHAPESWORLD_BATCH
+    keys, captions, status, examples = [], [], [], {}
+
+    def record(item: CaptionInput, result: str | Failure) -> None:
+        keys.append(item.key)
+        if isinstance(result, Failure):
+            captions.append(item.source_caption)
+            status.append(result.reason)
+            if len(examples.setdefault(result.reason, [])) < FAILURE_EXAMPLES:
+                examples[result.reason].append(result.detail)
+        else:
+            captions.append(result)
+            status.append("ok")
+
+    batch: list[CaptionInput] = []
+    for item, failure in samples(params.manifest.parent / shard, wanted, captioner.needs_images):
+        if failure is not None:
+            record(item, failure)
+            continue
+        batch.append(item)
+        if len(batch) == size:
+            for done, result in zip(batch, caption_batch(captioner, batch)):
+                record(done, result)
+            batch = []
+    if batch:
+        for done, result in zip(batch, caption_batch(captioner, batch)):
+            record(done, result)
+    parquet, marker = part_paths(params, shard)
+    atomic_write_parquet(parquet, pa.table({"key": keys, params.field: captions, "status": status}))
+    done = {"samples": len(keys), "failures": dict(Counter(s for s in status if s != "ok")), "failure_examples": examples,
+            "seconds": round(time.perf_counter() - started, 3)}
+    atomic_write_json(marker, done)
+    return done
+
+
+def distributed() -> tuple[int, int]:
+    """(rank, world size): torchrun's, or (0, 1). Ranks take shards i ≡ rank (mod world)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        return dist.get_rank(), world
+    return 0, 1
+
+
+def run(params: RecaptionParams) -> dict[str, Any] | None:
+    """Caption every unfinished shard (this rank's share), then (rank 0) the manifest, stats and contact sheet."""
+    started = time.perf_counter()
+    shards = read_manifest(params)
+    rank, world = distributed()
+    if rank == 0:
+        prepare_output(params)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # nobody writes before rank 0 has kept or cleared the old output
+    mine = [s for i, s in enumerate(shards) if i % world == rank]
+    todo = [s for s in mine if not part_paths(params, s)[1].is_file()]
+    if len(todo) < len(mine):
+        print(f"recaption: {len(mine) - len(todo)} of {len(mine)} shards already finished", file=sys.stderr)
+    if todo:
+        captioner = make_captioner(params)  # a model loads only when there is work
+        bar = tqdm(total=sum(len(shards[s]) for s in todo), desc=f"recaption ({params.captioner})", unit="sample", file=sys.stderr)
+        for shard in todo:
+            done = recaption_shard(params, captioner, shard, shards[shard])
+            bar.update(done["samples"])
+        bar.close()
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    if rank != 0:
+        return None
+    stats = finish(params, shards)
+    stats["run_seconds"] = round(time.perf_counter() - started, 3)
+    atomic_write_json(params.stats_path, stats)
+    if params.contact_sheet is not None and stats["samples"]:
+        contact_sheet(params, shards)
+    return stats
+
+
+WORD = re.compile(r"[a-z0-9']+")
+
+
+def text_figures(texts: list[str]) -> dict[str, Any]:
+    """Words per caption (mean, median, p95), characters per caption (mean) and vocabulary (distinct lower-case words)."""
+    words = [WORD.findall(t.lower()) for t in texts]
+    counts = np.array([len(w) for w in words]) if words else np.zeros(0)
+    return {
+        "words_per_caption": {"mean": round(float(counts.mean()), 2) if counts.size else 0.0,
+                              "median": float(np.median(counts)) if counts.size else 0.0,
+                              "p95": float(np.percentile(counts, 95)) if counts.size else 0.0},
+        "chars_per_caption": round(float(np.mean([len(t) for t in texts])), 1) if texts else 0.0,
+        "vocabulary": len({w for ws in words for w in ws}),
+    }
+
+
+def finish(params: RecaptionParams, shards: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """Join the shards' Parquet files into the manifest and add up their stats."""
+    tables, failures, examples, seconds, by_split = [], Counter(), {}, 0.0, Counter()
+    for shard in shards:
+        parquet, marker = part_paths(params, shard)
+        done = json.loads(marker.read_text())
+        table = read_parquet(parquet)
+        split = Path(shard).parts[0]
+        tables.append(table.append_column("split", pa.array([split] * table.num_rows, pa.string())))
+        by_split[split] += table.num_rows
+        failures.update(done["failures"])
+        for reason, ex in done["failure_examples"].items():
+            examples.setdefault(reason, []).extend(ex[: FAILURE_EXAMPLES - len(examples.get(reason, []))])
+        seconds += done["seconds"]
+    manifest = pa.concat_tables(tables) if tables else pa.table({"key": [], params.field: [], "status": [], "split": []},
+                                                                   schema=pa.schema([(c, pa.string()) for c in ("key", params.field, "status", "split")]))
+    manifest = manifest.select(["key", "split", params.field, "status"])
+    atomic_write_parquet(params.output_dir / "manifest.parquet", manifest)
+    total = manifest.num_rows
+    old = [t for shard in shards.values() for t in shard.values()]
+    return {
+        "captioner": params.captioner,
+        "model": params.transformers.model if params.transformers is not None else None,
+        "field": params.field,
+        "source_field": params.source_field,
+        "samples": total,
+        "samples_by_split": dict(by_split),
+        "failures": dict(sorted(failures.items())),
+        "failures_total": sum(failures.values()),
+        "failure_examples": examples,
+        "caption_seconds": round(seconds, 3),
+        "samples_per_second": round(total / seconds, 1) if seconds else None,
+        "source": text_figures(old),
+        "recaption": text_figures(manifest[params.field].to_pylist()),
+    }
+
+
+def contact_sheet(params: RecaptionParams, shards: dict[str, dict[str, str]], columns: int = 4) -> None:
+    """The first samples' images with their source caption and their new one."""
+    import webdataset as wds
+    from PIL import Image
+
+    plt = pyplot()
+    first = next(iter(shards))
+    new = dict(zip(*read_parquet(part_paths(params, first)[0], columns=["key", params.field]).to_pydict().values()))
+    shown = []
+    for sample in wds.tariterators.tarfile_samples([{"url": str(params.manifest.parent / first)}]):
+        shown.append((sample["__key__"], sample["jpg"]))
+        if len(shown) == params.contact_sheet_images:
+            break
+    rows = (len(shown) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(4.0 * columns, 5.0 * rows + 1.0), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (key, jpg) in zip(axes.flat, shown):
+        ax.imshow(Image.open(io.BytesIO(jpg)).convert("RGB"), interpolation="nearest")
+        lines = [f"[{params.source_field}] {shards[first][key]}", f"[{params.field}] {new[key]}"]
+        ax.set_title(key, fontsize=9)
+        ax.text(0.0, -0.03, "\n".join(textwrap.fill(line, 46) for line in lines), transform=ax.transAxes, fontsize=7.5, va="top",
+                family="monospace")
+    name = params.transformers.model if params.transformers is not None else params.captioner
+    fig.suptitle(f"recaption ({name}): {params.source_field} → {params.field}", fontsize=13)
+    fig.subplots_adjust(left=0.02, right=0.98, top=0.95, bottom=0.08, wspace=0.15, hspace=0.9)
+    atomic_write_bytes(params.contact_sheet, figure_png(fig, dpi=72))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", default=None, help="params YAML (default: params/recaption.yaml)")
+    args = parser.parse_args(argv)
+    stage_process_setup()
+    try:
+        params = load_params("recaption", args.params)
+        stats = run(params)
+    except (ParamsError, RecaptionError, CorruptFileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if stats is not None:
+        print(json.dumps({k: stats[k] for k in ("samples", "failures", "samples_per_second", "run_seconds")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
