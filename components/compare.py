@@ -71,7 +71,8 @@ def world_data(params: CompareParams) -> dict[str, Any]:
     if params.world is None:
         return {"train": {}, "benchmarks_root": None, "manifest": Path(read_yaml(params.concepts_params).get("manifest", "data/captions/manifest.parquet"))}
     root = world_dir(params)
-    train = {"data": {"shards": [str(root / "captions" / "train" / "*.tar")], "concepts_dir": str(root / "concepts" / "train")},
+    train = {"data": {"shards": [str(root / "captions" / "train" / "*.tar")], "concepts_dir": str(root / "concepts" / "train"),
+                      "recaptions_dir": str(root / "recaptions" / "train")},
              "test_shards": [str(root / "captions" / "test" / "*.tar")]}
     if params.world.caption_field:
         train["data"]["caption_field"] = params.world.caption_field
@@ -83,7 +84,7 @@ def prepare_world(params: CompareParams) -> None:
     resumes and writes atomically); nothing for the pipeline's own world."""
     if params.world is None:
         return
-    from components import benchmarks, captions, concepts
+    from components import benchmarks, captions, concepts, recaption
 
     w, root = params.world, world_dir(params)
     cap = read_yaml(params.captions_params)
@@ -103,8 +104,11 @@ def prepare_world(params: CompareParams) -> None:
     captions_params = validate_params("captions", cap, root / "captions.yaml")
     if not (root / "captions" / "manifest.parquet").is_file():
         captions.run(captions_params)
+    if not (root / "recaptions" / "manifest.parquet").is_file():  # the world's oracle recaptions (the stage's defaults)
+        recaption.run(validate_params("recaption", {"manifest": str(root / "captions" / "manifest.parquet"), "output_dir": str(root / "recaptions"),
+                                                    "stats_path": str(root / "recaption.json"), "contact_sheet": None}))
     con = {**read_yaml(params.concepts_params), "manifest": str(root / "captions" / "manifest.parquet"), "output_dir": str(root / "concepts"),
-           "splits": ["train"]}
+           "splits": ["train"], "recaptions": str(root / "recaptions" / "manifest.parquet")}
     if w.caption_field:
         con["caption_field"] = w.caption_field
     concepts_params = validate_params("concepts", con, params.concepts_params)

@@ -281,7 +281,10 @@ def contact_sheet(params: RecaptionParams, shards: dict[str, dict[str, str]], co
     for ax in axes.flat:
         ax.axis("off")
     for ax, (key, jpg) in zip(axes.flat, shown):
-        ax.imshow(Image.open(io.BytesIO(jpg)).convert("RGB"), interpolation="nearest")
+        try:
+            ax.imshow(Image.open(io.BytesIO(jpg)).convert("RGB"), interpolation="nearest")
+        except Exception:  # noqa: BLE001 - an unreadable image (counted in the stats) is shown as such
+            ax.text(0.5, 0.5, "unreadable image", ha="center", transform=ax.transAxes)
         lines = [f"[{params.source_field}] {shards[first][key]}", f"[{params.field}] {new[key]}"]
         ax.set_title(key, fontsize=9)
         ax.text(0.0, -0.03, "\n".join(textwrap.fill(line, 46) for line in lines), transform=ax.transAxes, fontsize=7.5, va="top",
