@@ -27,7 +27,7 @@ def phrases_from_answer(answer: str, rules) -> tuple[list[str], int]:
     phrases, seen, cut = [], set(), 0
     for piece in re.split(r"[\n;,]", answer):
         words = _LIST_MARK.sub("", piece).strip().strip("\"'`.:").split()
-        if not words:
+        if not words or not any(c.isalpha() for c in "".join(words)):  # a phrase names something: it has a letter
             continue
         if rules.drop_pronouns and all(w.lower() in PRONOUNS for w in words):
             continue
