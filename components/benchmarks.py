@@ -18,6 +18,7 @@ From the held-out test split of the world in ``params/captions.yaml`` (the same 
   winoground/examples.jsonl   {id, caption_0, caption_1, image_0, image_1, tag}
   zero_shot/<color>_<shape>/  single-object images by class; classnames.txt, held_out_classes.txt
   retrieval/karpathy_test.json  Karpathy format (short, long and a relational caption per image);
+  long_captions/docci_descriptions.jsonlines  DOCCI format (one long description per image: every fact of the scene);
                               ARO's order benchmark reads it too
   stats.json                  item counts
 
@@ -43,7 +44,7 @@ from tqdm import tqdm
 
 from components.data import shapesworld
 from components.data import shapesworld_rules as rules
-from components.shared.atomic import atomic_write_json, remove_inside
+from components.shared.atomic import atomic_write_bytes, atomic_write_json, remove_inside
 from components.shared.params import BenchmarksParams, CaptionsParams, ParamsError, load_params
 from components.shared.params_eval import HARD_POSITIVE_FILES
 from components.shared.processes import stage_process_setup
@@ -78,12 +79,12 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
     count = min(params.images or world.test_images, world.test_images)
     if count == 0:
         raise ParamsError(f"{params.captions_params}: shapesworld.test_images is 0; the benchmarks need test images")
-    for sub in ["images", "sugar_crepe", "sugar_crepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval"]:
+    for sub in ["images", "sugar_crepe", "sugar_crepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval", "long_captions"]:
         (out / sub).mkdir(parents=True)
     sc = {k: {} for k in SUGARCREPE_SUBSETS}
     scpp = {k: [] for k in SUGARCREPE_PP_SUBSETS}
     hp = {k: ([], []) for k in HARD_POSITIVE_SUBSETS}
-    aro_rel, aro_att, wino, karpathy = [], [], [], []
+    aro_rel, aro_att, wino, karpathy, docci = [], [], [], [], []
     zero_shot_counts: dict[str, int] = {}
 
     for index in tqdm(range(count), desc="benchmarks (shapesworld)", unit="image", file=sys.stderr):
@@ -170,6 +171,8 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
         karpathy.append({"filename": name, "filepath": "", "split": "test", "imgid": index,
                          "sentences": [{"raw": s, "sentid": 3 * index + k} for k, s in enumerate(sentences)],
                          "held_out": shows_held})
+        docci.append({"example_id": f"test_{index:05d}", "split": "test", "image_file": name,
+                      "description": rules.long_description(meta), "held_out": shows_held})
 
     for kind, items in sc.items():
         atomic_write_json(out / "sugar_crepe" / f"{kind}.json", items, sort_keys=False)  # "0", "1", … in order
@@ -185,6 +188,7 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
     (out / "zero_shot" / "classnames.txt").write_text("".join(c + "\n" for c in classes))
     (out / "zero_shot" / "held_out_classes.txt").write_text("".join(f"{c}_{s}\n" for c, s in held_list))
     atomic_write_json(out / "retrieval" / "karpathy_test.json", {"dataset": "shapesworld", "images": karpathy})
+    atomic_write_bytes(out / "long_captions" / "docci_descriptions.jsonlines", "".join(json.dumps(d) + "\n" for d in docci).encode())
 
     def held_count(items) -> int:
         return sum(bool(it["held_out"]) for it in items)
@@ -201,6 +205,7 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
         "winoground_held_out": held_count(wino),
         "zero_shot": {"classes": len(classes), "images": sum(zero_shot_counts.values())},
         "retrieval": {"images": len(karpathy), "captions": 3 * len(karpathy)},
+        "long_captions": {"images": len(docci), "words_per_description": round(sum(len(d["description"].split()) for d in docci) / max(len(docci), 1), 1)},
     }
     atomic_write_json(out / "stats.json", stats)
     return stats

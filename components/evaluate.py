@@ -38,7 +38,7 @@ from components.shared.redact import redact
 from components.shared.safe_load import UnsafeCheckpointError, load_torch_file
 from components.shared.stage_code import stage_code
 from components.suite import aro as aro_formats
-from components.suite import formats
+from components.suite import formats, long_captions
 from components.suite.report import bar_chart, flat_metrics, markdown_report
 
 MISSING_SHOWN = 5
@@ -87,6 +87,9 @@ def load_suite(params: EvaluateParams, nlp_loader=None) -> list[formats.Task]:
     if b.retrieval.enabled:
         for name, file in b.retrieval.files.items():
             tasks.append(formats.retrieval(b.retrieval.data_root / file, b.retrieval.images, f"retrieval/{name}", b.retrieval.split))
+    lc = b.long_captions
+    if lc.enabled:
+        tasks.append(long_captions.long_caption_retrieval(lc.data_root / lc.file, lc.images, "long_captions", lc.split))
     return tasks
 
 

@@ -238,7 +238,7 @@ def test_hard_positives_on_the_release_layout_with_the_default_params(tmp_path, 
     vecs.update({"sc": on_axis(.9, 1), "scp": on_axis(.8, 1), "sn": on_axis(.1, 1)})
     write(release / "data" / "visual_genome_attribution.json", [{**swap, "true_caption": "sc"}])
     write(release / "swapped_data" / "visual_genome_attribution.json", [{**swap, "true_caption": "scp"}])
-    off = {k: {"enabled": False, "data_root": "x"} for k in ("sugarcrepe", "sugarcrepe_pp", "aro", "winoground", "zero_shot", "retrieval")}
+    off = {k: {"enabled": False, "data_root": "x"} for k in ("sugarcrepe", "sugarcrepe_pp", "aro", "winoground", "zero_shot", "retrieval", "long_captions")}
     params = EvaluateParams(benchmarks={**off, "hard_positives": {"data_root": str(release), "image_root": str(images)}})
     tasks = ev.load_suite(params)
     assert [t.name for t in tasks] == ["hard_positives/replace_att", "hard_positives/replace_rel", "hard_positives/swap"]
@@ -362,6 +362,32 @@ def test_retrieval_recall_both_directions(tmp_path, images):
     assert out["mean_r1"] == pytest.approx((0.5 + 2 / 3) / 2)
 
 
+def test_long_caption_retrieval_reads_docci_and_scores_both_directions(tmp_path, images):
+    from components.suite import long_captions
+
+    lines = [{"example_id": "test_0", "split": "test", "image_file": "a.png", "description": "a0 "},
+             {"example_id": "train_0", "split": "train", "image_file": "missing.png", "description": "t"},  # other split
+             {"example_id": "test_1", "split": "test", "image_file": "b.png", "description": "b0", "held_out": True}]
+    path = tmp_path / "docci" / "docci_descriptions.jsonlines"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    vecs = {"a0": on_axis(.9, 1), "b0": on_axis(.95, 1)}  # both descriptions nearer image b; image a ties (counted wrong)
+    task = long_captions.long_caption_retrieval(path, images, "long_captions", "test")
+    assert task.texts == ["a0", "b0"] and task.group == "long_retrieval"
+    out = run_tasks([task], vecs)["long_captions"]
+    assert out["text_to_image_r1"] == 0.5 and out["image_to_text_r1"] == 0.5 and out["mean_r1"] == 0.5
+    assert out["held_out/text_to_image_r1"] == 1.0 and out["seen/text_to_image_r1"] == 0.0
+    path.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"example_id": "x", "split": "test", "image_file": "a.png"}) + "\n")
+    with pytest.raises(bd.BenchmarkError, match="docci_descriptions.jsonlines: line 2: 'description' missing"):
+        long_captions.read_docci(path, "test")
+    path.write_text("{not json\n")
+    with pytest.raises(bd.BenchmarkError, match="line 1: not JSON"):
+        long_captions.read_docci(path, "test")
+    path.write_text(json.dumps(lines[1]) + "\n")
+    with pytest.raises(bd.BenchmarkError, match="no items of split 'test'"):
+        long_captions.read_docci(path, "test")
+
+
 def test_order_benchmark_cleans_every_option_and_counts_a_tie_with_a_shuffle_right(tmp_path, images):
     karpathy = {"images": [
         {"filename": "a.png", "split": "test", "sentences": [{"raw": "A large red circle, left of a small blue square."}]},
@@ -474,7 +500,7 @@ def test_evaluate_params_reject_bad_model_specs():
     with pytest.raises(ParamsError, match=r"names must be unique, \['a'\] repeat"):
         validate_params("evaluate", {"models": [{"name": "a", "uri": "x"}, {"name": "a", "uri": "y"}]})
     with pytest.raises(ParamsError, match="every benchmark is disabled"):
-        off = {k: {"enabled": False, "data_root": "x"} for k in ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval")}
+        off = {k: {"enabled": False, "data_root": "x"} for k in ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval", "long_captions")}
         validate_params("evaluate", {"benchmarks": off})
     with pytest.raises(ParamsError, match=r"benchmarks.zero_shot: .*exactly one"):
         validate_params("evaluate", {"benchmarks": {"zero_shot": {"data_root": "x", "templates": ["no slot"]}}})
@@ -496,7 +522,7 @@ def test_model_resolution_errors_say_which_model_and_why(tmp_path):
 def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
     params = {"models": [{"name": "base", "uri": str(REPO / "models" / "base" / "export")}],
               "benchmarks": {k: {"enabled": k == "sugarcrepe", "data_root": str(tmp_path / "nowhere")}
-                             for k in ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval")}}
+                             for k in ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval", "long_captions")}}
     file = tmp_path / "evaluate.yaml"
     file.write_text(json.dumps(params))
     assert ev.main(["--params", str(file)]) == 2
@@ -513,7 +539,7 @@ SUGARCREPE_COUNTS = {"add_att": 692, "add_obj": 2062, "replace_att": 788, "repla
 
 
 def _only(enabled: dict, **common) -> dict:
-    names = ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval")
+    names = ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval", "long_captions")
     return {k: enabled.get(k, {"enabled": False, "data_root": "unused"}) for k in names}
 
 
@@ -588,6 +614,7 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
             "winoground": {"data_root": f"{sw_root}/winoground", "image_root": f"{sw_root}/images"},
             "zero_shot": {"data_root": f"{sw_root}/zero_shot"},
             "retrieval": {"data_root": f"{sw_root}/retrieval", "image_root": f"{sw_root}/images"},
+            "long_captions": {"data_root": f"{sw_root}/long_captions", "image_root": f"{sw_root}/images"},
         },
         "output_dir": str(tmp_path / "reports"), "cache_dir": str(tmp_path / "cache"), "mlflow_experiment": "eval-test",
     })
@@ -597,7 +624,8 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
     for key in keys:
         assert flat[f"checkpoint/{key}"] == flat[f"export/{key}"] == flat[f"registry/{key}"], key
     assert flat["export/zero_shot/items"] > 0 and 0 <= flat["export/summary/compositional"] <= 1
-    assert {"export/summary/zero_shot", "export/summary/retrieval", "export/aro/order/p_at_1", "export/winoground/group"} <= set(flat)
+    assert {"export/summary/zero_shot", "export/summary/retrieval", "export/aro/order/p_at_1", "export/winoground/group",
+            "export/summary/long_retrieval", "export/long_captions/mean_r1"} <= set(flat)
     binding = [flat["export/sugarcrepe/swap_att/acc"], flat["export/sugarcrepe_pp/swap_att/itt"], flat["export/winoground/group"]]
     assert flat["export/summary/binding"] == pytest.approx(sum(binding) / 3, abs=2e-5)  # the three binding tests' mean
 

@@ -369,7 +369,7 @@ def test_the_compare_flow_trains_each_method_from_one_base_in_a_world_variant_an
                "zero_shot": {"data_root": "data/benchmarks/shapesworld/zero_shot"},
                "retrieval": {"data_root": "data/benchmarks/shapesworld/retrieval", "image_root": "data/benchmarks/shapesworld/images"}}
     evaluate = {"models": [{"name": "x", "uri": "x"}], "cache_dir": str(tmp_path / "cache"), "benchmarks": {
-        **enabled, **{name: {"enabled": False, "data_root": "unused"} for name in ("sugarcrepe_pp", "hard_positives", "aro", "winoground")}}}
+        **enabled, **{name: {"enabled": False, "data_root": "unused"} for name in ("sugarcrepe_pp", "hard_positives", "aro", "winoground", "long_captions")}}}
     train = _params(tmp_path).model_dump(mode="json")
     train["model"].update(init=str(base), calibrate_logits=1)
     train.update(steps=2, global_batch=8, micro_batch=8, torch_threads=1, zero_shot_eval=False, log_every=1, checkpoint_every=2)

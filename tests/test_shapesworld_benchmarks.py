@@ -12,7 +12,7 @@ from components import benchmarks as stage
 from components.data import shapesworld as sw
 from components.data import shapesworld_rules as rules
 from components.shared.params import BenchmarksParams, ShapesWorldParams
-from components.suite import aro
+from components.suite import aro, long_captions
 from components.suite import formats as bd
 
 
@@ -106,7 +106,8 @@ def test_benchmarks_stage_writes_every_benchmark_readable_by_the_evaluate_reader
               aro.aro_vg(out / "aro" / "visual_genome_attribution.json", images, "att", "attribution"),
               bd.winoground(out / "winoground" / "examples.jsonl", images, "wino"),
               bd.zero_shot(out / "zero_shot", "zs", ["a {}."], "classnames.txt", "held_out_classes.txt"),
-              bd.retrieval(out / "retrieval" / "karpathy_test.json", images, "ret", "test")]
+              bd.retrieval(out / "retrieval" / "karpathy_test.json", images, "ret", "test"),
+              long_captions.long_caption_retrieval(out / "long_captions" / "docci_descriptions.jsonlines", images, "long", "test")]
     for task in tasks:
         assert task.items > 0, task.name
         assert all(ref.path.is_file() for ref in task.images), task.name
@@ -123,6 +124,16 @@ def test_benchmarks_stage_writes_every_benchmark_readable_by_the_evaluate_reader
     assert len(classes) == len(captions.shapesworld.colors) * len(captions.shapesworld.shapes)
     held = {f"{c}_{s}" for c, s in sw.held_out_pairs(captions.shapesworld, captions.seed)}
     assert set((out / "zero_shot" / "held_out_classes.txt").read_text().split()) == held
+    # long captions: DOCCI's fields, one description per test image naming every object, relation and place
+    docci = [json.loads(line) for line in (out / "long_captions" / "docci_descriptions.jsonlines").read_text().splitlines()]
+    assert len(docci) == 40 == stats["long_captions"]["images"] and set(docci[0]) == {"example_id", "split", "image_file", "description", "held_out"}
+    for item in docci:
+        index = int(item["image_file"][len("test_"):-len(".jpg")])
+        _, _, meta = sw.make_sample(captions.shapesworld, captions.seed, "test", index, sw.held_out_pairs(captions.shapesworld, captions.seed))
+        parsed = rules.grammar.parse_shapes_caption(rules.dense_description(meta))
+        assert item["description"].startswith(rules.dense_description(meta)) and parsed.holds(meta)
+        for o in meta["objects"]:
+            assert f"The {o['color']} {o['shape']} is in {rules.place(o)} of the image." in item["description"]
     # the test images are the captions stage's test images, byte for byte
     jpg, _, _ = sw.make_sample(captions.shapesworld, captions.seed, "test", 7, sw.held_out_pairs(captions.shapesworld, captions.seed))
     assert (images / "test_000007.jpg").read_bytes() == jpg
@@ -151,3 +162,10 @@ def test_winoground_pairs_are_true_of_their_own_image_only(tmp_path):
         assert rules.holds(parse_pair(p["caption_0"]), meta0["objects"])
         assert not rules.holds(parse_pair(p["caption_1"]), meta0["objects"])
         assert sorted(p["caption_0"].lower().rstrip(".").split()) == sorted(p["caption_1"].lower().rstrip(".").split())
+
+
+def test_places_name_the_grid_cell():
+    assert [rules.place(o) for o in SCENE] == ["the top left", "the top right", "the bottom left"]
+    assert rules.place(obj("red", "circle", "large", 1, 1)) == "the center"
+    assert rules.place(obj("red", "circle", "large", 1, 0)) == "the middle left"
+    assert rules.place(obj("red", "circle", "large", 0, 1)) == "the top middle"

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.data import shapesworld_grammar as grammar
+from components.data import shapesworld_rules as rules
 
 
 @dataclass
@@ -53,9 +53,7 @@ class ShapesWorldCaptioner:
         if not meta.get("objects") or "background" not in meta:
             return Failure("no_scene_metadata", f"{item.key}: the sample's json has no ShapesWorld scene (objects, background)")
         try:
-            mentions = [grammar.Mention(shape=o["shape"], color=o["color"], size=o["size"]) for o in meta["objects"]]
-            relations = [(r["subject"], r["relation"], r["object"]) for r in meta.get("relations", [])]
-            return grammar.long_caption(0, meta["background"], mentions, [grammar.OBJECT_PREFIXES[0]] * len(mentions), relations)
+            return rules.dense_description(meta)
         except (KeyError, IndexError, TypeError) as err:
             return Failure("bad_scene_metadata", f"{item.key}: {err!r}")
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from components.data import shapesworld_grammar as grammar
 from components.data.shapesworld_grammar import INVERSE_RELATION, RELATION_SYNONYMS, RELATIONS, SIZE_SYNONYMS, Description, Mention  # noqa: F401
 
 SIZE_TO_SYNONYM = {v: k for k, v in SIZE_SYNONYMS.items()}
@@ -62,6 +63,33 @@ def describe_scene(meta: dict[str, Any], rng: np.random.Generator) -> Descriptio
         return Description((full_mention(objects[0]),), background=meta["background"])
     i, j = (int(k) for k in rng.choice(len(objects), size=2, replace=False))
     return describe_pair(objects, i, j)
+
+
+ROWS, COLUMNS = ("top", "middle", "bottom"), ("left", "center", "right")
+
+
+def place(obj: dict[str, Any]) -> str:
+    """Where an object's grid cell is: "the top left", "the center", "the bottom middle"."""
+    row, col = ROWS[obj["row"]], COLUMNS[obj["col"]]
+    if row == "middle":
+        return "the center" if col == "center" else f"the middle {col}"
+    return f"the {row} {'middle' if col == 'center' else col}"
+
+
+def dense_description(meta: dict[str, Any]) -> str:
+    """The world's long caption in one fixed wording: the count sentence, every object (size, color, shape) and every
+    pairwise relation — what a perfect captioner would write (the recaption stage's ShapesWorld oracle)."""
+    objects = meta["objects"]
+    relations = [(r["subject"], r["relation"], r["object"]) for r in meta.get("relations", [])]
+    return grammar.long_caption(0, meta["background"], [full_mention(o) for o in objects],
+                                [grammar.OBJECT_PREFIXES[0]] * len(objects), relations)
+
+
+def long_description(meta: dict[str, Any]) -> str:
+    """A DOCCI-style long description: the dense description followed by each object's place in the image — every
+    fact of the scene, in several sentences."""
+    places = " ".join(f"The {o['color']} {o['shape']} is in {place(o)} of the image." for o in meta["objects"])
+    return f"{dense_description(meta)} {places}"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from components.shared.params_eval import (  # noqa: F401
     EvalModelSpec,
     EvaluateParams,
     HardPositivesParams,
+    LongCaptionsParams,
     PromotionGates,
     RegistryParams,
     RetrievalParams,

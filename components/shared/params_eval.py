@@ -151,6 +151,12 @@ class RetrievalParams(BenchmarkSource):
     split: str = Field("test", description="Karpathy split used.")
 
 
+class LongCaptionsParams(BenchmarkSource):
+    file: str = Field("docci_descriptions.jsonlines", description="DOCCI's descriptions file (JSON lines: example_id, split, "
+                      "image_file, description) under data_root; images under image_root (the release's images/).")
+    split: str = Field("test", description="DOCCI split used (train, test, qual_dev, qual_test).")
+
+
 _SW = str(SHAPESWORLD_SUITE)
 
 
@@ -179,6 +185,9 @@ class SuiteParams(Strict):
     retrieval: RetrievalParams = Field(
         default_factory=lambda: RetrievalParams(data_root=f"{_SW}/retrieval", image_root=f"{_SW}/images"),
         description="Image-text retrieval on Karpathy-format files: R@1/5/10 both ways.")
+    long_captions: LongCaptionsParams = Field(
+        default_factory=lambda: LongCaptionsParams(data_root=f"{_SW}/long_captions", image_root=f"{_SW}/images"),
+        description="Long-caption retrieval in DOCCI's format (one long description per image): R@1/5/10 both ways.")
 
 
 class EvaluateParams(Strict):

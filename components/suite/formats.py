@@ -394,16 +394,22 @@ def retrieval(path: Path, image_root: Path, name: str, split: str) -> Task:
         for c in captions:
             texts.append(c)
             text_image.append(n)
-    owner = torch.tensor(text_image)
+    # texts are kept per caption (not deduplicated): two images may share a caption, each its own copy
+    score = retrieval_scorer(len(images), torch.tensor(text_image))
+    return Task(name, "retrieval", "mean_r1", images, texts, len(images), score, _flags(held), str(path))
+
+
+def retrieval_scorer(count: int, owner: torch.Tensor):
+    """A retrieval task's score(I, T, items): R@1/5/10 both ways (``owner``: each text's image) and their mean R@1;
+    with ``items``, a subset's images and captions are the queries, against every candidate."""
 
     def score(I, T, items):
         queries = None
-        if items is not None:  # a subset's images and captions as queries, against every candidate
-            queries = torch.zeros(len(images), dtype=torch.bool)
+        if items is not None:
+            queries = torch.zeros(count, dtype=torch.bool)
             queries[items] = True
         out = metrics.retrieval_recall(I @ T.T, owner, queries=queries)
         out["mean_r1"] = (out["image_to_text_r1"] + out["text_to_image_r1"]) / 2
         return out
 
-    # texts are kept per caption (not deduplicated): two images may share a caption, each its own copy
-    return Task(name, "retrieval", "mean_r1", images, texts, len(images), score, _flags(held), str(path))
+    return score
