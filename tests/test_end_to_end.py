@@ -32,6 +32,9 @@ def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(reproduced_clone, tmp_
     assert metrics["samples_by_split"] == {"train": 40, "test": 10}
     assert (work / "data" / "captions" / "manifest.parquet").is_file()
     assert (work / "docs" / "shapesworld_contact_sheet.png").is_file()
+    recaptioned = yaml.safe_load((work / "metrics" / "recaption.json").read_text())  # between captions and concepts
+    assert recaptioned["samples"] == 40 and recaptioned["failures_total"] == 0 and recaptioned["captioner"] == "shapesworld"
+    assert (work / "data" / "recaptions" / "manifest.parquet").is_file() and (work / "docs" / "recaption_contact_sheet.png").is_file()
     concepts = yaml.safe_load((work / "metrics" / "concepts.json").read_text())
     assert concepts["captions"] == 40 and concepts["quality"]["long"]["recall"] >= 0.98
     assert len(list((work / "data" / "concepts" / "train").glob("shard-*.parquet"))) == 2
@@ -47,6 +50,7 @@ def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(reproduced_clone, tmp_
     report = yaml.safe_load((work / "reports" / "metrics.json").read_text())
     assert report["base/zero_shot/items"] == report["finetuned/zero_shot/items"] == suite["zero_shot"]["images"]
     assert report["base/sugarcrepe/add_att/items"] == suite["sugar_crepe"]["add_att"]
+    assert report["finetuned/long_captions/items"] == suite["long_captions"]["images"] == 10
     assert {"base/summary/compositional", "finetuned/summary/compositional"} <= set(report)
     assert "| base | finetuned | Δ finetuned − base |" in (work / "reports" / "benchmarks.md").read_text()
     assert (work / "reports" / "benchmarks.png").is_file() and (work / "reports" / "plots" / "finetuned.json").is_file()
