@@ -163,8 +163,9 @@ def join_recaptions(table: pa.Table, params: ConceptsParams) -> pa.Table:
     """The captions manifest with the recaption stage's ``caption_field`` joined on by key (manifest order kept)."""
     path = params.recaptions
     if not path.is_file():
-        raise ConceptsError(f"caption_field {params.caption_field!r} is not a captions manifest column and recaptions: {path} "
-                            "does not exist (run the recaption stage first: dvc repro recaption)")
+        raise ConceptsError(f"{params.manifest}: column {params.caption_field!r} not found; the manifest has {table.column_names}, "
+                            f"and recaptions: {path} does not exist (for a recaption field, run the recaption stage first: "
+                            "dvc repro recaption)")
     recaptions = read_parquet(path)
     if params.caption_field not in recaptions.column_names:
         return table  # read_manifest names the missing column

@@ -230,3 +230,24 @@ def test_a_missing_recaption_field_is_named(data, tmp_path):
     samples = list(wds.tariterators.tarfile_samples([{"url": shards[0]}]))[:1]
     with pytest.raises(ValueError, match="caption field 'recaption' missing.*recaptions_dir"):
         TrainBatches(params, shards, 0, 1, 0, None, None, None, build=None).decode(samples)
+
+
+@pytest.mark.slow
+def test_two_torchrun_processes_share_the_shards_and_write_what_one_process_writes(data, tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+    from conftest import HANG_S, REPO
+
+    one = tmp_path / "one"
+    recaption.run(params_for(data, one, contact_sheet=None))
+    two = tmp_path / "two"
+    cfg = params_for(data, two, contact_sheet=None).model_dump(mode="json")
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "components.recaption", "--params", str(tmp_path / "p.yaml")]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert pq.read_table(two / "recaptions" / "manifest.parquet").equals(pq.read_table(one / "recaptions" / "manifest.parquet"))
+    assert json.loads((two / "recaption.json").read_text())["samples"] == 64

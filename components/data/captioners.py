@@ -139,7 +139,8 @@ class TransformersCaptioner:
             inputs = dict(self.processor(images=images, text=prompts, return_tensors="pt", padding=True) if prompts
                           else self.processor(images=images, return_tensors="pt"))
             prompt_ids = inputs.get("input_ids")
-        moved = {k: (v.to(self.device, self.dtype) if v.is_floating_point() else v.to(self.device)) for k, v in inputs.items()}
+        moved = {k: (v.to(self.device, self.dtype) if v.is_floating_point() else v.to(self.device)) if hasattr(v, "is_floating_point") else v
+                 for k, v in inputs.items()}
         return moved, prompt_ids
 
     def caption(self, batch: list[CaptionInput]) -> list[str | Failure]:
