@@ -10,9 +10,10 @@ Replacing alt-text with a strong captioner's captions is what moves compositiona
 
 Outputs under ``output_dir`` — the captions stage's shards are never rewritten:
   <split>/<shard>.parquet   key, <field> (the new caption), status ("ok" or why it failed: the source caption is kept)
-  <split>/<shard>.done.json that shard's failures and timing (written last: the shard is finished)
+  <split>/<shard>.done.json that shard's sample and failure counts (written last: the shard is finished)
   manifest.parquet          key, split, <field>, status — what the concepts stage joins onto the captions manifest
-plus the stats JSON (DVC metrics: failures by reason, words per caption, vocabulary, old vs new) and a contact
+plus the stats JSON (DVC metrics: failures by reason, this run's samples/s, words per caption, vocabulary, old vs
+new) and a contact
 sheet of images with their old and new captions. A killed run resumes at the first unfinished shard; a change of
 the params that shape the output, of the stage's code or of the captions manifest starts afresh.
 """
@@ -126,7 +127,6 @@ def caption_batch(captioner, batch: list[CaptionInput]) -> list[str | Failure]:
 
 def recaption_shard(params: RecaptionParams, captioner, shard: str, wanted: dict[str, str]) -> dict[str, Any]:
     """Caption one shard and write its Parquet, then its done-marker; returns the marker's content."""
-    started = time.perf_counter()
     size = params.transformers.batch_size if params.transformers is not None else SHAPESWORLD_BATCH
     keys, captions, status, examples = [], [], [], {}
 
@@ -156,8 +156,9 @@ def recaption_shard(params: RecaptionParams, captioner, shard: str, wanted: dict
             record(done, result)
     parquet, marker = part_paths(params, shard)
     atomic_write_parquet(parquet, pa.table({"key": keys, params.field: captions, "status": status}))
-    done = {"samples": len(keys), "failures": dict(Counter(s for s in status if s != "ok")), "failure_examples": examples,
-            "seconds": round(time.perf_counter() - started, 3)}
+    # counts only, never timings: the files are functions of their inputs, so a rebuild is byte-identical and DVC
+    # does not see the train stage's input change
+    done = {"samples": len(keys), "failures": dict(Counter(s for s in status if s != "ok")), "failure_examples": examples}
     atomic_write_json(marker, done)
     return done
 
@@ -189,12 +190,16 @@ def run(params: RecaptionParams) -> dict[str, Any] | None:
     todo = [s for s in mine if not part_paths(params, s)[1].is_file()]
     if len(todo) < len(mine):
         print(f"recaption: {len(mine) - len(todo)} of {len(mine)} shards already finished", file=sys.stderr)
+    captioned, seconds = 0, 0.0
     if todo:
         captioner = make_captioner(params)  # a model loads only when there is work
         bar = tqdm(total=sum(len(shards[s]) for s in todo), desc=f"recaption ({params.captioner})", unit="sample", file=sys.stderr)
+        began = time.perf_counter()
         for shard in todo:
             done = recaption_shard(params, captioner, shard, shards[shard])
+            captioned += done["samples"]
             bar.update(done["samples"])
+        seconds = time.perf_counter() - began
         bar.close()
     if world > 1:
         import torch.distributed as dist
@@ -203,7 +208,9 @@ def run(params: RecaptionParams) -> dict[str, Any] | None:
     if rank != 0:
         return None
     stats = finish(params, shards)
-    stats["run_seconds"] = round(time.perf_counter() - started, 3)
+    # this run's work (rank 0's share under torchrun): finished shards of an earlier run are not timed again
+    stats.update(run_samples=captioned, run_samples_per_second=round(captioned / seconds, 1) if seconds else None,
+                 run_seconds=round(time.perf_counter() - started, 3))
     atomic_write_json(params.stats_path, stats)
     if params.contact_sheet is not None and stats["samples"]:
         contact_sheet(params, shards)
@@ -228,7 +235,7 @@ def text_figures(texts: list[str]) -> dict[str, Any]:
 
 def finish(params: RecaptionParams, shards: dict[str, dict[str, str]]) -> dict[str, Any]:
     """Join the shards' Parquet files into the manifest and add up their stats."""
-    tables, failures, examples, seconds, by_split = [], Counter(), {}, 0.0, Counter()
+    tables, failures, examples, by_split = [], Counter(), {}, Counter()
     for shard in shards:
         parquet, marker = part_paths(params, shard)
         done = json.loads(marker.read_text())
@@ -239,7 +246,6 @@ def finish(params: RecaptionParams, shards: dict[str, dict[str, str]]) -> dict[s
         failures.update(done["failures"])
         for reason, ex in done["failure_examples"].items():
             examples.setdefault(reason, []).extend(ex[: FAILURE_EXAMPLES - len(examples.get(reason, []))])
-        seconds += done["seconds"]
     manifest = pa.concat_tables(tables) if tables else pa.table({"key": [], params.field: [], "status": [], "split": []},
                                                                    schema=pa.schema([(c, pa.string()) for c in ("key", params.field, "status", "split")]))
     manifest = manifest.select(["key", "split", params.field, "status"])
@@ -256,8 +262,6 @@ def finish(params: RecaptionParams, shards: dict[str, dict[str, str]]) -> dict[s
         "failures": dict(sorted(failures.items())),
         "failures_total": sum(failures.values()),
         "failure_examples": examples,
-        "caption_seconds": round(seconds, 3),
-        "samples_per_second": round(total / seconds, 1) if seconds else None,
         "source": text_figures(old),
         "recaption": text_figures(manifest[params.field].to_pylist()),
     }
@@ -307,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if stats is not None:
-        print(json.dumps({k: stats[k] for k in ("samples", "failures", "samples_per_second", "run_seconds")}))
+        print(json.dumps({k: stats[k] for k in ("samples", "failures", "run_samples_per_second", "run_seconds")}))
     return 0
 
 
