@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from components.data.stream import TrainBatches, check_tar, expand_shards, load_phrases
+from components.data.stream import TrainBatches, check_tar, expand_shards, load_phrases, recaption_files
 from components.method.methods import method_for
 from components.method.models import model_config, trims_phrases
 from components.method.module import TrainingModule
@@ -102,10 +102,15 @@ BOOKKEEPING_KEYS = {"output_dir", "checkpoint_every", "keep_checkpoints", "log_e
 
 def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
     """What a checkpoint must match to be resumed: the params but the bookkeeping keys, the shards, the
-    world size and the stage's code (as the captions stage does: a resumed run never mixes two versions)."""
+    world size, the stage's code (as the captions stage does: a resumed run never mixes two versions) and the
+    content of the text inputs read beside the shards — the noun phrases and, when a caption field is theirs, the
+    recaptions — so new phrases (another extractor) or new captions (another captioner) start a new run."""
     payload = params.model_dump(mode="json", exclude=BOOKKEEPING_KEYS)
     payload["data"].pop("workers")
-    return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params)}, stage_code("components.train"))
+    data = params.data
+    texts = sorted(Path(data.concepts_dir).glob("*.parquet")) if data.concepts_dir is not None else []
+    texts += recaption_files(data.recaptions_dir, [*data.caption_fields, *filter(None, [data.single_object_caption_field])])[0]
+    return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params)}, [*stage_code("components.train"), *texts])
 
 
 def start_mlflow(params: TrainParams, stage: str):

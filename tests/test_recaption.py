@@ -253,3 +253,28 @@ def test_two_torchrun_processes_share_the_shards_and_write_what_one_process_writ
     assert done.returncode == 0, done.stderr[-3000:]
     assert pq.read_table(two / "recaptions" / "manifest.parquet").equals(pq.read_table(one / "recaptions" / "manifest.parquet"))
     assert json.loads((two / "recaption.json").read_text())["samples"] == 64
+
+
+def test_new_phrases_or_new_recaptions_start_a_new_training_run_not_a_resumed_one(data, tmp_path):
+    import shutil
+
+    from components import train as train_stage
+
+    shutil.copytree(data / "concepts", tmp_path / "concepts")
+    recaption.run(params_for(data, tmp_path, contact_sheet=None))
+    shards = sorted(str(p) for p in (data / "captions" / "train").glob("*.tar"))
+
+    def fp(field):
+        params = TrainParams.model_validate({"data": {"shards": shards, "caption_field": field, "concepts_dir": str(tmp_path / "concepts"),
+                                                      "recaptions_dir": str(tmp_path / "recaptions" / "train")}})
+        return train_stage.run_fingerprint(params, shards)
+
+    long_before, recaption_before = fp("long"), fp("recaption")
+    part = sorted((tmp_path / "recaptions" / "train").glob("*.parquet"))[0]
+    table = pq.read_table(part)
+    pq.write_table(table.set_column(1, "recaption", pa.array(["another captioner"] * table.num_rows)), part)
+    assert fp("recaption") != recaption_before  # the captions trained on changed
+    assert fp("long") == long_before  # a run on `long` never read them: it may resume
+    phrases = tmp_path / "concepts" / "all.parquet"
+    pq.write_table(pq.read_table(phrases).slice(0, 10), phrases)
+    assert fp("long") != long_before

@@ -65,16 +65,20 @@ def load_phrases(concepts_dir: Path) -> dict[str, list[str]]:
     return phrases
 
 
+def recaption_files(recaptions_dir: Path | None, fields: list[str]) -> tuple[list[Path], list[str]]:
+    """(the recaption stage's files, the wanted fields they hold); ([], []) when they hold none of them."""
+    if recaptions_dir is None or not Path(recaptions_dir).is_dir():
+        return [], []
+    files = sorted(Path(recaptions_dir).glob("*.parquet"))
+    columns = [f for f in fields if files and f in read_parquet(files[0]).column_names and f not in ("key", "status")]
+    return (files, columns) if columns else ([], [])
+
+
 def load_recaptions(recaptions_dir: Path | None, fields: list[str]) -> dict[str, dict[str, str]]:
     """field -> key -> caption, for the wanted fields the recaption stage's files hold (none: empty)."""
-    if recaptions_dir is None or not Path(recaptions_dir).is_dir():
-        return {}
-    files = sorted(Path(recaptions_dir).glob("*.parquet"))
-    if not files:
-        return {}
-    columns = [f for f in fields if f in read_parquet(files[0]).column_names and f not in ("key", "status")]
+    files, columns = recaption_files(recaptions_dir, fields)
     recaptions: dict[str, dict[str, str]] = {f: {} for f in columns}
-    for path in files if columns else []:
+    for path in files:
         table = read_parquet(path, columns=["key", *columns]).to_pydict()
         for field in columns:
             recaptions[field].update(zip(table["key"], table[field]))
