@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from components.data.phrase_quality import gold_quality, normalise, phrase_key, phrase_quality  # noqa: F401  (tests, bench)
+from components.data.phrase_quality import filter_phrases, gold_quality, normalise, phrase_key, phrase_quality  # noqa: F401  (tests, bench)
 from components.shared.atomic import CorruptFileError, atomic_write_json, atomic_write_parquet, check_entry_name, fingerprint, read_parquet, resume_or_restart
 from components.shared.params import ConceptsParams, ParamsError, PhraseRules, load_params
 from components.shared.processes import stage_process_setup
@@ -66,37 +66,27 @@ def split_merged(chunk) -> list[tuple[int, int]]:
 
 def phrases_from_doc(doc, rules: PhraseRules) -> tuple[list[str], int]:
     """Concept phrases of a parsed caption, in order; also how many phrases were cut to max_words."""
-    stop_phrases = {normalise(p) for p in rules.stop_phrases}
-    stop_heads = {h.lower() for h in rules.stop_heads}
     of_heads = {h.lower() for h in rules.of_heads}
-    phrases, seen, cut = [], set(), 0
-    for chunk in doc.noun_chunks:
-        spans = split_merged(chunk) if rules.split_merged_chunks else [(chunk.start, chunk.end)]
-        for start, end in spans:
-            span = doc[start:end]
-            head = span[-1] if rules.split_merged_chunks else chunk.root
-            if rules.drop_pronouns and all(t.pos_ == "PRON" for t in span):
-                continue
-            following = doc[end] if end < len(doc) else None
-            if head.lower_ in of_heads and following is not None and (following.lower_ == "of" or following.tag_ in NOUN_TAGS):
-                continue  # "a group of kids", "in front of a car": the object that follows is the concept
-            words = span.text.split()  # also normalises whitespace (newlines, tabs, doubled spaces)
-            if not words:
-                continue
-            if span[0].is_sent_start and span[0].pos_ == "DET":
-                words[0] = words[0].lower()  # "A red circle is ..." gives "a red circle"; names keep their case
-            if normalise(" ".join(words)) in stop_phrases or head.lower_ in stop_heads:
-                continue
-            if len(words) > rules.max_words:
-                words, cut = words[-rules.max_words:], cut + 1
-            phrase = " ".join(words)
-            if normalise(phrase) in seen:  # "a dog" then "the dog": one concept
-                continue
-            seen.add(normalise(phrase))
-            phrases.append(phrase)
-            if len(phrases) == rules.max_phrases:
-                return phrases, cut
-    return phrases, cut
+
+    def candidates():
+        for chunk in doc.noun_chunks:
+            spans = split_merged(chunk) if rules.split_merged_chunks else [(chunk.start, chunk.end)]
+            for start, end in spans:
+                span = doc[start:end]
+                head = span[-1] if rules.split_merged_chunks else chunk.root
+                if rules.drop_pronouns and all(t.pos_ == "PRON" for t in span):
+                    continue
+                following = doc[end] if end < len(doc) else None
+                if head.lower_ in of_heads and following is not None and (following.lower_ == "of" or following.tag_ in NOUN_TAGS):
+                    continue  # "a group of kids", "in front of a car": the object that follows is the concept
+                words = span.text.split()  # also normalises whitespace (newlines, tabs, doubled spaces)
+                if not words:
+                    continue
+                if span[0].is_sent_start and span[0].pos_ == "DET":
+                    words[0] = words[0].lower()  # "A red circle is ..." gives "a red circle"; names keep their case
+                yield words, head.lower_
+
+    return filter_phrases(candidates(), rules)
 
 
 def prepare_caption(text: str | None, max_chars: int) -> tuple[str, bool]:

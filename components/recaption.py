@@ -13,8 +13,7 @@ Outputs under ``output_dir`` — the captions stage's shards are never rewritten
   <split>/<shard>.done.json that shard's sample and failure counts (written last: the shard is finished)
   manifest.parquet          key, split, <field>, status — what the concepts stage joins onto the captions manifest
 plus the stats JSON (DVC metrics: failures by reason, this run's samples/s, words per caption, vocabulary, old vs
-new) and a contact
-sheet of images with their old and new captions. A killed run resumes at the first unfinished shard; a change of
+new) and a contact sheet of images with their old and new captions. A killed run resumes at the first unfinished shard; a change of
 the params that shape the output, of the stage's code or of the captions manifest starts afresh.
 """
 
@@ -142,18 +141,21 @@ def recaption_shard(params: RecaptionParams, captioner, shard: str, wanted: dict
             status.append("ok")
 
     batch: list[CaptionInput] = []
+
+    def flush() -> None:
+        for item, result in zip(batch, caption_batch(captioner, batch)):
+            record(item, result)
+        batch.clear()
+
     for item, failure in samples(params.manifest.parent / shard, wanted, captioner.needs_images):
         if failure is not None:
             record(item, failure)
             continue
         batch.append(item)
         if len(batch) == size:
-            for done, result in zip(batch, caption_batch(captioner, batch)):
-                record(done, result)
-            batch = []
+            flush()
     if batch:
-        for done, result in zip(batch, caption_batch(captioner, batch)):
-            record(done, result)
+        flush()
     parquet, marker = part_paths(params, shard)
     atomic_write_parquet(parquet, pa.table({"key": keys, params.field: captions, "status": status}))
     # counts only, never timings: the files are functions of their inputs, so a rebuild is byte-identical and DVC

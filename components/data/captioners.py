@@ -42,7 +42,6 @@ class ShapesWorldCaptioner:
     shape, every pairwise relation — the world's long caption in one fixed wording (no template variety)."""
 
     needs_images = False
-    name = "shapesworld"
 
     def caption(self, batch: list[CaptionInput]) -> list[str | Failure]:
         return [self.describe(item) for item in batch]
@@ -95,7 +94,6 @@ class TransformersCaptioner:
     image processor and a tokenizer takes a fixed prompt as the caption's first words."""
 
     needs_images = True
-    name = "transformers"
 
     def __init__(self, params):  # params: TransformersCaptionerParams
         import torch

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from components.data.captioners import resolve_device, resolve_dtype
-from components.data.phrase_quality import normalise
+from components.data.phrase_quality import filter_phrases
 
 # what an answer's line may start with besides the phrase: bullets and numbering ("- ", "2. ", "3) ")
 _LIST_MARK = re.compile(r"^\s*(?:[-*•·]+|\d+[.)]|\(\d+\))\s*")
@@ -20,29 +20,20 @@ PRONOUNS = frozenset("i me you he him she her it we us they them this that these
 
 
 def phrases_from_answer(answer: str, rules) -> tuple[list[str], int]:
-    """The phrases of one answer (a line, comma or semicolon each), list marks and quotes removed, after the concepts
-    stage's rules (``rules``: PhraseRules); also how many were cut to max_words."""
-    stop_phrases = {normalise(p) for p in rules.stop_phrases}
-    stop_heads = {h.lower() for h in rules.stop_heads}
-    phrases, seen, cut = [], set(), 0
-    for piece in re.split(r"[\n;,]", answer):
-        words = _LIST_MARK.sub("", piece).strip().strip("\"'`.:").split()
-        if not words or not any(c.isalpha() for c in "".join(words)):  # a phrase names something: it has a letter
-            continue
-        if rules.drop_pronouns and all(w.lower() in PRONOUNS for w in words):
-            continue
-        if normalise(" ".join(words)) in stop_phrases or words[-1].lower() in stop_heads:
-            continue
-        if len(words) > rules.max_words:
-            words, cut = words[-rules.max_words:], cut + 1
-        phrase = " ".join(words)
-        if normalise(phrase) in seen:
-            continue
-        seen.add(normalise(phrase))
-        phrases.append(phrase)
-        if len(phrases) == rules.max_phrases:
-            break
-    return phrases, cut
+    """The phrases of one answer (a line, comma or semicolon each), list marks and quotes removed, pronouns and
+    letterless pieces dropped, then the rules spaCy's phrases pass too (``rules``: PhraseRules,
+    :func:`~components.data.phrase_quality.filter_phrases`); also how many were cut to max_words."""
+
+    def candidates():
+        for piece in re.split(r"[\n;,]", answer):
+            words = _LIST_MARK.sub("", piece).strip().strip("\"'`.:").split()
+            if not words or not any(c.isalpha() for c in "".join(words)):  # a phrase names something: it has a letter
+                continue
+            if rules.drop_pronouns and all(w.lower() in PRONOUNS for w in words):
+                continue
+            yield words, words[-1]
+
+    return filter_phrases(candidates(), rules)
 
 
 class LlmPhraseExtractor:

@@ -1,8 +1,11 @@
-"""How extracted noun phrases are compared: with ShapesWorld's true object phrases (the concepts stage's quality
-figures) and with hand-labelled ones (tests/data/noun_phrases_gold.jsonl, bench/concepts_gold.py,
+"""Noun phrases as strings: the rules every extractor's candidates pass (spaCy's noun chunks and a language model's
+answer lines alike), and how extracted phrases are compared — with ShapesWorld's true object phrases (the concepts
+stage's quality figures) and with hand-labelled ones (tests/data/noun_phrases_gold.jsonl, bench/concepts_gold.py,
 bench/concepts_llm.py). Pure functions of strings."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 DETERMINERS = ("a ", "an ", "the ", "this ", "that ", "these ", "those ")
 
@@ -14,6 +17,29 @@ def normalise(text: str) -> str:
         if text.startswith(det):
             return text[len(det):]
     return text
+
+
+def filter_phrases(candidates: Iterable[tuple[list[str], str]], rules) -> tuple[list[str], int]:
+    """The phrase rules shared by every extractor (``rules``: PhraseRules), over candidates (words, head word) in
+    order: stop phrases (compared without a leading determiner) and stop heads dropped, at most max_words words (the
+    last ones, where the head is), duplicates dropped ("a dog" then "the dog": one concept), at most max_phrases.
+    Returns the phrases and how many were cut to max_words."""
+    stop_phrases = {normalise(p) for p in rules.stop_phrases}
+    stop_heads = {h.lower() for h in rules.stop_heads}
+    phrases, seen, cut = [], set(), 0
+    for words, head in candidates:
+        if normalise(" ".join(words)) in stop_phrases or head.lower() in stop_heads:
+            continue
+        if len(words) > rules.max_words:
+            words, cut = words[-rules.max_words:], cut + 1
+        phrase = " ".join(words)
+        if normalise(phrase) in seen:
+            continue
+        seen.add(normalise(phrase))
+        phrases.append(phrase)
+        if len(phrases) == rules.max_phrases:
+            break
+    return phrases, cut
 
 
 def phrase_quality(extracted: list[list[str]], truth: list[list[str]]) -> dict[str, float]:
