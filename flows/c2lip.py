@@ -37,7 +37,7 @@ from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_para
 from components.shared.params import STAGES as PARAM_MODELS
 from components.shared.processes import die_with_parent, mark_run
 from components.shared.redact import redact
-from flows.workspace import params_overridden, resolve_overrides, workspace_lock
+from flows.workspace import resolve_overrides, run_with_overrides, workspace_lock
 
 PROGRESS = re.compile(r"\d+%\|")
 PIPELINE = ["captions", "recaption", "concepts", "base", "train", "benchmarks", "evaluate"]
@@ -168,22 +168,23 @@ def full(overrides: RunOverrides | None = None, register_version: bool = True, p
          wait_for_workspace_s: float = 0.0) -> dict[str, Any]:
     """Every stage (dvc repro), DVC push, then registration of the trained model as the challenger."""
     changes = overrides_dict(overrides)
-    merged = resolve_overrides(ROOT, changes)  # a bad override fails here, before any work
+    resolve_overrides(ROOT, changes)  # a bad override fails here, before waiting for the workspace or any work
     name = str(flow_run.get_name() or f"local-{int(time.time())}")
     started = time.perf_counter()
     result: dict[str, Any] = {"flow_run": name, "overrides": changes}
-    with workspace_lock(ROOT, f"flow run {name}", wait_for_workspace_s):
-        with params_overridden(ROOT, merged):
-            for stage in PIPELINE:
-                dvc_repro.with_options(retries=RETRIES[stage])(stage)
-            if merged:
-                experiment = f"{_artifact_key(name)}-{int(time.time())}"
-                dvc_exp_save(experiment)
-                result["dvc_experiment"] = experiment
-            if register_version:
-                tags = {"flow_run": name, "overrides": json.dumps(changes, sort_keys=True)}
-                result["registered"] = register_task(tags)
-        if push:
+    # the params files are read and merged only once the lock is held (run_with_overrides): a killed run's
+    # originals are back by then, and a run queued behind another never sees that run's overrides
+    with run_with_overrides(ROOT, changes, f"flow run {name}", wait_for_workspace_s) as merged:
+        for stage in PIPELINE:
+            dvc_repro.with_options(retries=RETRIES[stage])(stage)
+        if merged:
+            experiment = f"{_artifact_key(name)}-{int(time.time())}"
+            dvc_exp_save(experiment)
+            result["dvc_experiment"] = experiment
+        if register_version:
+            tags = {"flow_run": name, "overrides": json.dumps(changes, sort_keys=True)}
+            result["registered"] = register_task(tags)
+        if push:  # DVC pushes outputs, which the params files do not change
             dvc_push()
     result["seconds"] = round(time.perf_counter() - started, 1)
     registered = result.get("registered")

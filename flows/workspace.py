@@ -136,6 +136,20 @@ def params_overridden(root: Path, merged: dict[str, dict[str, Any]]) -> Iterator
         journal.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def run_with_overrides(root: Path, overrides: dict[str, dict[str, Any]], owner: str, wait_s: float = 0.0,
+                       poll_s: float = 1.0) -> Iterator[dict[str, dict[str, Any]]]:
+    """Hold the workspace lock, then merge ``overrides`` into the params files and write them for the block;
+    yields the merged params (stage -> mapping).
+
+    The params files are read only while the lock is held: taking it may put back a killed run's originals,
+    and a queued run waits while the run ahead of it has its own overrides on disk — a merge read before
+    either would carry the other run's values into this one."""
+    with workspace_lock(root, owner, wait_s, poll_s):
+        merged = resolve_overrides(root, overrides)
+        with params_overridden(root, merged):
+            yield merged
+
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
