@@ -32,10 +32,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from components.data.phrase_quality import filter_phrases, gold_quality, normalise, phrase_key, phrase_quality  # noqa: F401  (tests, bench)
+from components.data.phrase_quality import fallback_phrases, filter_phrases, gold_quality, normalise, phrase_key, phrase_quality  # noqa: F401  (tests, bench)
 from components.shared.atomic import CorruptFileError, atomic_write_json, atomic_write_parquet, check_entry_name, fingerprint, read_parquet, resume_or_restart
 from components.shared.params import ConceptsParams, ParamsError, PhraseRules, load_params
 from components.shared.processes import stage_process_setup
+from components.shared.redact import one_line
 from components.shared.stage_code import stage_code
 
 
@@ -107,8 +108,8 @@ def load_nlp(params: ConceptsParams):
 
         try:
             return LlmPhraseExtractor(params.llm)
-        except (OSError, ValueError) as err:
-            raise ConceptsError(f"llm.model {params.llm.model!r} cannot be loaded: {str(err).splitlines()[0][:300]}") from None
+        except (OSError, ValueError, ImportError, KeyError, TypeError, RuntimeError) as err:
+            raise ConceptsError(f"llm.model {params.llm.model!r} cannot be loaded: {one_line(err)}") from None
     import spacy
 
     try:
@@ -140,7 +141,8 @@ def extract(nlp, captions: Iterable[str | None], params: ConceptsParams, n_proce
         phrases, cut = ([], 0) if empty else phrases_from_doc(doc, rules)
         fallback = not phrases and not empty and rules.fallback_to_caption
         if fallback:
-            phrases = [" ".join(text.split())]
+            phrases = fallback_phrases(text, rules)
+            fallback = bool(phrases)  # a caption that is itself a stop phrase gives none
         yield {"phrases": phrases, "empty": empty, "truncated": truncated, "cut": cut, "fallback": fallback}
 
 
@@ -216,6 +218,9 @@ def write_shard(params: ConceptsParams, shard: str, keys: list[str], results: li
 def prepare_output(params: ConceptsParams) -> None:
     """Keep finished shards made by the same params, code and captions; start afresh otherwise."""
     shaping = params.model_dump(mode="json", exclude={"n_process", "batch_size", "stats_path", "quality_fields", "quality_samples"})
+    if shaping.get("llm"):  # where and how fast the model runs does not change its phrases
+        shaping["llm"].pop("device")
+        shaping["llm"].pop("batch_size")
     shaping["manifest_sha"] = fingerprint(None, [params.manifest])  # new captions make old phrases stale
     if params.recaptions is not None and params.caption_field not in pq.read_schema(params.manifest).names:
         shaping["recaptions_sha"] = fingerprint(None, [params.recaptions])  # the captions parsed are the recaptions

@@ -35,7 +35,7 @@ from components.shared.checkpoints import EXPORT_CONFIG, check_export  # what ou
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
-from components.shared.safe_load import UnsafeCheckpointError, load_torch_file
+from components.shared.safe_load import RemoteCodeRefused, UnsafeCheckpointError, load_torch_file, refuse_remote_code
 from components.shared.stage_code import stage_code
 from components.suite import aro as aro_formats
 from components.suite import formats, long_captions
@@ -187,7 +187,12 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        state = load_file(str(path))
+        if not path.is_file():
+            raise CorruptFileError(f"{path}: checkpoint file does not exist")
+        try:
+            state = load_file(str(path))
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own error types (truncated header, bad JSON, ...)
+            raise CorruptFileError(f"{path}: not a readable safetensors file ({str(err).splitlines()[0][:200]})") from None
     else:
         state = load_torch_file(path)  # weights only: a crafted checkpoint runs no code
         for key in ("state_dict", "module", "model"):
@@ -200,6 +205,19 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
 
 
+def refuse_export_code(folder: Path, name: str) -> None:
+    """An export whose config names a Hugging Face text tower (or whose saved tokenizer) carries its own code is
+    refused: open_clip builds that tower through transformers without ``trust_remote_code``, which asks on stdin."""
+    text_cfg = json.loads((folder / EXPORT_CONFIG).read_text()).get("model_cfg", {}).get("text_cfg", {})
+    try:
+        for key in ("hf_model_name", "hf_tokenizer_name"):
+            if text_cfg.get(key):
+                refuse_remote_code(str(text_cfg[key]), f"model {name!r}: {folder / EXPORT_CONFIG} {key}")
+        refuse_remote_code(str(folder), f"model {name!r}: export")
+    except RemoteCodeRefused as err:
+        raise EvaluateError(str(err)) from None
+
+
 def load_model(kind: str, where: Any, spec: EvalModelSpec):
     """(model in eval mode, preprocess, tokenizer)."""
     import open_clip
@@ -208,6 +226,7 @@ def load_model(kind: str, where: Any, spec: EvalModelSpec):
 
     if kind == "export":
         check_export(Path(where))  # checksums and a readable safetensors file, else the file is named
+        refuse_export_code(Path(where), spec.name)
         model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{where}")
         tokenizer = open_clip.get_tokenizer(f"local-dir:{where}")
     elif kind == "checkpoint":

@@ -36,9 +36,10 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from components.data.captioners import CaptionInput, Failure, make_captioner
-from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json, atomic_write_parquet, fingerprint, read_parquet, resume_or_restart
+from components.shared.atomic import CorruptFileError, atomic_write_bytes, check_entry_name, atomic_write_json, atomic_write_parquet, fingerprint, read_parquet, resume_or_restart
 from components.shared.params import ParamsError, RecaptionParams, load_params
 from components.shared.processes import stage_process_setup
+from components.shared.redact import one_line, redact
 from components.shared.reports import figure_png, pyplot
 from components.shared.stage_code import stage_code
 
@@ -66,7 +67,12 @@ def read_manifest(params: RecaptionParams) -> dict[str, dict[str, str]]:
     shards: dict[str, dict[str, str]] = {}
     for key, split, shard, text in zip(rows["key"], rows["split"], rows["shard"], rows[params.source_field]):
         if split in params.splits:
-            if len(Path(shard).parts) != 2 or ".." in Path(shard).parts:
+            parts = Path(str(shard)).parts  # each names an output file: <split>/<name>, nothing else (as concepts checks)
+            try:
+                [check_entry_name(part, f"{path}: shard of key {key!r}") for part in parts]
+            except ValueError as err:
+                raise RecaptionError(str(err)) from None
+            if len(parts) != 2:
                 raise RecaptionError(f"{path}: shard {shard!r} of key {key!r} is not <split>/<file name>")
             shards.setdefault(shard, {})[key] = text or ""
     return shards
@@ -80,7 +86,7 @@ def part_paths(params: RecaptionParams, shard: str) -> tuple[Path, Path]:
 
 def prepare_output(params: RecaptionParams) -> None:
     """Keep finished shards made by the same params, code and captions; start afresh otherwise."""
-    shaping = params.model_dump(mode="json", exclude={"stats_path", "contact_sheet", "contact_sheet_images"})
+    shaping = params.model_dump(mode="json", exclude={"stats_path", "contact_sheet", "contact_sheet_images", "max_failure_rate"})
     if params.transformers is not None:  # where and how fast it runs does not change the captions' meaning
         shaping["transformers"].pop("device")
         shaping["transformers"].pop("batch_size")
@@ -114,18 +120,45 @@ def samples(tar: Path, wanted: dict[str, str], needs_images: bool):
         raise RecaptionError(f"{tar}: {len(wanted) - seen} of the manifest's {len(wanted)} samples are missing from the shard")
 
 
+def load_captioner(params: RecaptionParams):
+    """The captioner, loaded and checked; any failure to load is one RecaptionError naming the setting."""
+    try:
+        return make_captioner(params)
+    except Exception as err:  # noqa: BLE001 - transformers, torch and the hub raise many types; each is a bad setting here
+        model = params.transformers.model if params.transformers is not None else params.captioner
+        raise RecaptionError(f"transformers.model {model!r} cannot be used as a captioner: {one_line(err)}") from None
+
+
 def caption_batch(captioner, batch: list[CaptionInput]) -> list[str | Failure]:
-    """The captioner on a batch; if the batch fails as a whole, each sample alone, so one bad input costs one caption."""
+    """The captioner on a batch; if the batch fails as a whole, each sample alone, so one bad input costs one caption.
+    When every sample of a batch then fails alone with the same error, the error is the captioner's, not the
+    data's (a missing chat template, an out-of-memory GPU): it is raised once, not counted per sample."""
     try:
         return captioner.caption(batch)
     except Exception as err:  # noqa: BLE001 - a model error is a counted failure, not a lost shard
         if len(batch) == 1:
-            return [Failure(f"error:{type(err).__name__}", f"{batch[0].key}: {str(err)[:200]}")]
-        return [result for item in batch for result in caption_batch(captioner, [item])]
+            return [Failure(f"error:{type(err).__name__}", redact(f"{batch[0].key}: {str(err)[:200]}"))]
+        results = [result for item in batch for result in caption_batch(captioner, [item])]
+        details = {(r.reason, r.detail.split(": ", 1)[-1]) for r in results if isinstance(r, Failure)}
+        if len(details) == 1 and all(isinstance(r, Failure) for r in results):
+            raise RecaptionError(f"the captioner fails on every sample of a batch of {len(batch)} with the same error "
+                                 f"({type(err).__name__}: {one_line(err)}): a setting or the model, not the data") from None
+        return results
+
+
+def check_failure_rate(params: RecaptionParams, samples: int, failures: Counter, examples: dict[str, list[str]]) -> None:
+    """Stop the stage when more than ``max_failure_rate`` of a shard's samples kept their source caption: a
+    captioner that fails everywhere must not leave the alt-text posing as recaptions for concepts and train."""
+    failed = sum(failures.values())
+    if samples and failed / samples > params.max_failure_rate:
+        first = "; ".join(f"{reason} ({n}): {examples.get(reason, [''])[0]}" for reason, n in failures.most_common(3))
+        raise RecaptionError(f"{failed} of {samples} samples failed to caption (over max_failure_rate "
+                             f"{params.max_failure_rate:g}); first errors: {first}")
 
 
 def recaption_shard(params: RecaptionParams, captioner, shard: str, wanted: dict[str, str]) -> dict[str, Any]:
-    """Caption one shard and write its Parquet, then its done-marker; returns the marker's content."""
+    """Caption one shard and write its Parquet, then its done-marker; returns the marker's content. A shard whose
+    failure rate is over the limit is not written (:func:`check_failure_rate`)."""
     size = params.transformers.batch_size if params.transformers is not None else SHAPESWORLD_BATCH
     keys, captions, status, examples = [], [], [], {}
 
@@ -135,7 +168,7 @@ def recaption_shard(params: RecaptionParams, captioner, shard: str, wanted: dict
             captions.append(item.source_caption)
             status.append(result.reason)
             if len(examples.setdefault(result.reason, [])) < FAILURE_EXAMPLES:
-                examples[result.reason].append(result.detail)
+                examples[result.reason].append(redact(result.detail))  # the stats are a git-tracked metric
         else:
             captions.append(result)
             status.append("ok")
@@ -156,6 +189,7 @@ def recaption_shard(params: RecaptionParams, captioner, shard: str, wanted: dict
             flush()
     if batch:
         flush()
+    check_failure_rate(params, len(keys), Counter(s for s in status if s != "ok"), examples)
     parquet, marker = part_paths(params, shard)
     atomic_write_parquet(parquet, pa.table({"key": keys, params.field: captions, "status": status}))
     # counts only, never timings: the files are functions of their inputs, so a rebuild is byte-identical and DVC
@@ -181,6 +215,8 @@ def run(params: RecaptionParams) -> dict[str, Any] | None:
     """Caption every unfinished shard (this rank's share), then (rank 0) the manifest, stats and contact sheet."""
     started = time.perf_counter()
     shards = read_manifest(params)
+    # loaded (or refused) before any output is touched: a misspelt model must not cost the finished shards
+    captioner = load_captioner(params)
     rank, world = distributed()
     if rank == 0:
         prepare_output(params)
@@ -194,7 +230,6 @@ def run(params: RecaptionParams) -> dict[str, Any] | None:
         print(f"recaption: {len(mine) - len(todo)} of {len(mine)} shards already finished", file=sys.stderr)
     captioned, seconds = 0, 0.0
     if todo:
-        captioner = make_captioner(params)  # a model loads only when there is work
         bar = tqdm(total=sum(len(shards[s]) for s in todo), desc=f"recaption ({params.captioner})", unit="sample", file=sys.stderr)
         began = time.perf_counter()
         for shard in todo:

@@ -53,7 +53,7 @@ from components.method.models import model_config, trims_phrases
 from components.method.module import TrainingModule
 from components.method.optim import build_model, calibrate_logits, lr_factor, param_groups
 from components.shared.atomic import CorruptFileError, atomic_write_json, fingerprint, remove_inside
-from components.shared.checkpoints import EXPORT_CONFIG, HISTORY_FILE, RNG_FILE, check_export, export_model, intact_checkpoint, save_checkpoint, set_rng_state
+from components.shared.checkpoints import EXPORT_CONFIG, HISTORY_FILE, RNG_FILE, check_export, check_weights_file, export_model, intact_checkpoint, save_checkpoint, set_rng_state
 from components.shared.distributed import deepspeed_config, launch, prepare_deepspeed_comm, world_size_for
 from components.shared.params import ParamsError, TrainParams, flatten_params, load_params
 from components.shared.processes import stage_process_setup
@@ -86,6 +86,8 @@ def preflight(params: TrainParams) -> dict[str, Any]:
         raise ParamsError(f"model.init: {init} does not exist (a checkpoint path, an open_clip tag, or 'scratch')")
     if init != "scratch" and Path(init).is_dir():
         check_export(Path(init))  # a truncated or changed init export is named here, not in a traceback
+    elif init != "scratch" and Path(init).is_file():
+        check_weights_file(Path(init))  # likewise a damaged checkpoint file
     for shard in shards:
         check_tar(shard)
     return config

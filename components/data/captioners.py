@@ -37,6 +37,22 @@ def clean(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
+def plain_text(text: str, tokenizer) -> str:
+    """``text`` (a caption or alt-text from the data) made safe to place inside a prompt: on one line, so it cannot
+    open a turn of its own ("\nassistant: ..."), and with every special token of ``tokenizer`` broken by a space
+    after its first character ("</s>" -> "< /s>", "[SEP]" -> "[ SEP]"), so it is tokenised as the words it
+    looks like, never as the control token. Tokenizers match added tokens by their exact string, so the broken
+    form cannot match."""
+    text = clean(text)
+    specials = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(token, "special", False):
+            specials.add(str(token.content))
+    for special in sorted((t for t in specials if len(t) > 1), key=len, reverse=True):
+        text = text.replace(special, f"{special[0]} {special[1:]}")
+    return text
+
+
 class ShapesWorldCaptioner:
     """The dense description of a ShapesWorld scene: the count sentence, every object with its size, colour and
     shape, every pairwise relation — the world's long caption in one fixed wording (no template variety)."""
@@ -99,28 +115,36 @@ class TransformersCaptioner:
         import torch
         from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
+        from components.shared.safe_load import refuse_remote_code
+
         self.params = params
         self.device = resolve_device(params.device)
         self.dtype = resolve_dtype(params.dtype, self.device)
-        self.model = AutoModelForImageTextToText.from_pretrained(params.model, dtype=self.dtype).to(self.device).eval()
-        processor = AutoProcessor.from_pretrained(params.model)
+        trust = refuse_remote_code(params.model, "transformers.model", params.trust_remote_code)
+        # the processor first: it is cheap, and a model without one (or without a chat template) is refused before
+        # its weights load
+        processor = AutoProcessor.from_pretrained(params.model, trust_remote_code=trust)
         if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):
             self.processor, self.tokenizer, self.image_processor = processor, processor.tokenizer, None
             self.tokenizer.padding_side = "left"  # each row's answer starts right after its prompt
+            if params.chat and not getattr(processor, "chat_template", None):
+                raise ValueError(f"{params.model}: chat: true, but its processor has no chat template (set chat: false)")
         else:  # a vision-encoder-decoder: an image processor and a tokenizer saved side by side
             self.processor = None
-            self.image_processor = AutoImageProcessor.from_pretrained(params.model)
-            self.tokenizer = AutoTokenizer.from_pretrained(params.model)
+            self.image_processor = AutoImageProcessor.from_pretrained(params.model, trust_remote_code=trust)
+            self.tokenizer = AutoTokenizer.from_pretrained(params.model, trust_remote_code=trust)
             if params.chat or (params.prompt and "{alt_text}" in params.prompt):
                 raise ValueError(f"{params.model}: a model without a joint processor takes only a fixed prompt (its caption's "
                                  "first words): no chat template, no {alt_text}")
+        self.model = AutoModelForImageTextToText.from_pretrained(params.model, dtype=self.dtype, trust_remote_code=trust)
+        self.model = self.model.to(self.device).eval()
         self._torch = torch
 
     def inputs(self, batch: list[CaptionInput]) -> tuple[dict, Any]:
         """The generate() inputs of a batch and the prompt ids the output will start with (or None)."""
         p = self.params
         images = [item.image for item in batch]
-        prompts = [p.prompt.format(alt_text=item.source_caption) for item in batch] if p.prompt else None
+        prompts = [p.prompt.format(alt_text=plain_text(item.source_caption, self.tokenizer)) for item in batch] if p.prompt else None
         if self.processor is None:
             inputs = {"pixel_values": self.image_processor(images, return_tensors="pt")["pixel_values"]}
             prompt_ids = None

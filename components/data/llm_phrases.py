@@ -11,8 +11,8 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from components.data.captioners import resolve_device, resolve_dtype
-from components.data.phrase_quality import filter_phrases
+from components.data.captioners import plain_text, resolve_device, resolve_dtype
+from components.data.phrase_quality import fallback_phrases, filter_phrases
 
 # what an answer's line may start with besides the phrase: bullets and numbering ("- ", "2. ", "3) ")
 _LIST_MARK = re.compile(r"^\s*(?:[-*•·]+|\d+[.)]|\(\d+\))\s*")
@@ -43,19 +43,24 @@ class LlmPhraseExtractor:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from components.shared.safe_load import refuse_remote_code
+
         self.params = params
         self.device = resolve_device(params.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(params.model)
+        trust = refuse_remote_code(params.model, "llm.model", params.trust_remote_code)
+        self.tokenizer = AutoTokenizer.from_pretrained(params.model, trust_remote_code=trust)
         self.tokenizer.padding_side = "left"  # every row's answer starts at the same column
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if params.chat and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"{params.model}: chat: true, but its tokenizer has no chat template (set llm.chat: false)")
-        self.model = AutoModelForCausalLM.from_pretrained(params.model, dtype=resolve_dtype(params.dtype, self.device)).to(self.device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(params.model, dtype=resolve_dtype(params.dtype, self.device),
+                                                          trust_remote_code=trust).to(self.device).eval()
         self._torch = torch
 
     def prompt(self, caption: str) -> str:
-        text = self.params.prompt.format(caption=caption)
+        # the caption is data: on one line, its special-token look-alikes broken (captioners.plain_text)
+        text = self.params.prompt.format(caption=plain_text(caption, self.tokenizer))
         if not self.params.chat:
             return text
         return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
@@ -90,5 +95,6 @@ class LlmPhraseExtractor:
             phrases, cut = ([], 0) if empty else phrases_from_answer(next(answers), rules)
             fallback = not phrases and not empty and rules.fallback_to_caption  # C2LIP: no answer -> the caption itself
             if fallback:
-                phrases = [" ".join(text.split())]
+                phrases = fallback_phrases(text, rules)
+                fallback = bool(phrases)  # a caption that is itself a stop phrase gives none
             yield {"phrases": phrases, "empty": empty, "truncated": truncated, "cut": cut, "fallback": fallback}

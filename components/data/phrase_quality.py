@@ -42,6 +42,13 @@ def filter_phrases(candidates: Iterable[tuple[list[str], str]], rules) -> tuple[
     return phrases, cut
 
 
+def fallback_phrases(caption: str, rules) -> list[str]:
+    """The caption itself as its one phrase (C2LIP's fallback when no phrase was found), under the same rules as
+    every other phrase: its last max_words words, and none when it is a stop phrase or ends in a stop head."""
+    words = caption.split()
+    return filter_phrases([(words, words[-1])], rules)[0] if words else []
+
+
 def phrase_quality(extracted: list[list[str]], truth: list[list[str]]) -> dict[str, float]:
     """Recall: true object phrases found exactly (up to case and determiner). Precision: extracted
     phrases that name an object — the full phrase or a shorter reference ("the red circle" for

@@ -21,6 +21,8 @@ from timm.layers import AttentionPoolLatent
 from timm.models import register_model
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
+from components.shared.safe_load import refuse_remote_code
+
 CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
 # SigLIP-like (timm ViT, MAP head, sigmoid loss) and CLIP-like (class token + proj). The names avoid
 # "siglip": open_clip then picks its HF SigLIP tokenizer, which needs transformers and the hub; both
@@ -117,6 +119,10 @@ def create_model(name: str, pretrained: str | None = None, nonscalar_logit_scale
         raise ValueError(f"model {name!r} is not an open_clip architecture; known: c2lip tiny configs "
                          f"{[TINY_SIGLIP, TINY_CLIP]} and {len(open_clip.list_models())} others")
     if text_tower is not None:
+        # open_clip's HF tower calls transformers without trust_remote_code, which would ask on stdin: refuse first
+        for setting, hf_name in (("model.text_tower.hf_model_name", text_tower.hf_model_name),
+                                 ("model.text_tower.hf_tokenizer_name", text_tower.tokenizer_name)):
+            refuse_remote_code(hf_name, setting)
         kwargs["text_cfg"] = hf_text_cfg(text_tower)
         kwargs["pretrained_hf"] = text_tower.pretrained  # open_clip skips it anyway when a checkpoint is loaded
         kwargs["force_custom_text"] = True

@@ -118,6 +118,27 @@ def check_export(folder: Path) -> Path:
     return folder
 
 
+def check_weights_file(path: Path) -> Path:
+    """A checkpoint file named as an init: it must open (safetensors: its header; a torch file: loaded weights-only,
+    so a crafted pickle is refused too). Raises CorruptFileError naming the file and what is wrong."""
+    from components.shared.safe_load import UnsafeCheckpointError, load_torch_file
+
+    path = Path(path)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as weights:
+                weights.keys()
+        else:
+            load_torch_file(path)
+    except UnsafeCheckpointError as err:
+        raise CorruptFileError(str(err)) from None
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
+        raise CorruptFileError(f"{path}: not a readable checkpoint ({str(err).splitlines()[0][:200]})") from None
+    return path
+
+
 def export_model(model: torch.nn.Module, name: str, out_dir: Path, dtype: str = "float32", model_cfg: dict | None = None,
                  tokenizer=None) -> Path:
     """open_clip_config.json (model + preprocess config) and open_clip_model.safetensors, written to a

@@ -20,6 +20,8 @@ class HFGenerationParams(Strict):
     batch_size: int = Field(64, ge=1, description="Inputs per generate() call.")
     max_new_tokens: int = Field(77, ge=1, le=4096, description="Most tokens generated per input.")
     num_beams: int = Field(1, ge=1, description="Beam search width (1: greedy).")
+    trust_remote_code: bool = Field(False, description="Run the model's own Python code when its folder or hub repository "
+                                    "ships some (auto_map). Off: such a model is refused. On RUNS THAT CODE: only for a model you trust.")
 
 
 class TransformersCaptionerParams(HFGenerationParams):
@@ -61,11 +63,16 @@ class RecaptionParams(Strict):
     stats_path: Path = Field(Path("metrics/recaption.json"), description="Stats JSON (DVC metrics).")
     contact_sheet: Path | None = Field(Path("docs/recaption_contact_sheet.png"), description="Images with their old and new captions (None: none).")
     contact_sheet_images: int = Field(12, ge=1, le=64, description="Images on the contact sheet.")
+    max_failure_rate: float = Field(0.05, ge=0.0, le=1.0, description="Most fraction of a shard's samples that may keep "
+                                    "their source caption because captioning failed; over it the stage stops with the first errors.")
 
     @model_validator(mode="after")
     def _check(self) -> "RecaptionParams":
         if self.captioner == "transformers" and self.transformers is None:
             raise ValueError("captioner: transformers needs a transformers: section (at least model: <name or folder>)")
+        if self.captioner != "transformers" and self.transformers is not None:
+            raise ValueError(f"a transformers: section is set but captioner is {self.captioner!r}, which would ignore it; "
+                             "set captioner: transformers or remove the section")
         if self.field == self.source_field:
             raise ValueError(f"field {self.field!r} must differ from source_field (the shards' captions are never rewritten)")
         return self

@@ -19,3 +19,9 @@ def redact(text: str) -> str:
     """``text`` with every URL's user name and password, and every http(s) URL's query string, replaced."""
     text = _USERINFO.sub(lambda m: f"{m.group('scheme')}***@", str(text))
     return _QUERY.sub(lambda m: f"{m.group('url')}?<redacted>", text)
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """An exception as one short, redacted line for an error message: its first non-empty line, else its type."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return redact(lines[0][:limit]) if lines else type(err).__name__

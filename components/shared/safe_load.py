@@ -52,3 +52,58 @@ def guard_deepspeed_loads(engine) -> None:
     if checkpoint_engine is None:
         raise RuntimeError("DeepSpeed engine has no checkpoint_engine: cannot guard its checkpoint loads")
     checkpoint_engine.load = lambda path, map_location=None: load_torch_file(path, map_location)
+
+
+# --------------------------------------------------------------------------------------------------
+# Hugging Face models: never their own Python code unless a param says so
+# --------------------------------------------------------------------------------------------------
+
+# The files in which a model folder or hub repository asks transformers to import its own modules ("auto_map").
+_CODE_CONFIGS = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "processor_config.json",
+                 "image_processor_config.json", "feature_extractor_config.json")
+
+
+class RemoteCodeRefused(ValueError):
+    """A Hugging Face model asks to run its own code and no param allows it."""
+
+
+def custom_code_request(name: str) -> str | None:
+    """The first file of model ``name`` (a local folder, or a hub name read from the local cache) whose
+    ``auto_map`` would make transformers import the model's own Python modules; None when there is none."""
+    import json
+
+    folder = Path(name)
+    for file in _CODE_CONFIGS:
+        if folder.is_dir():
+            path = folder / file
+        else:
+            try:
+                from huggingface_hub import try_to_load_from_cache
+
+                cached = try_to_load_from_cache(name, file)
+            except Exception:  # noqa: BLE001 - not a valid repo id: transformers names the problem when it loads
+                cached = None
+            path = Path(cached) if isinstance(cached, str) else None
+        if path is None or not path.is_file():
+            continue
+        try:
+            content = json.loads(path.read_text(errors="replace"))
+        except ValueError:
+            continue  # transformers reports an unreadable config itself
+        if isinstance(content, dict) and content.get("auto_map"):
+            return str(path)
+    return None
+
+
+def refuse_remote_code(name: str, setting: str, allowed: bool = False) -> bool:
+    """Raise :class:`RemoteCodeRefused` when model ``name`` (named by ``setting``) carries its own code and
+    ``allowed`` is false; returns the ``trust_remote_code`` value to pass to every ``from_pretrained``.
+
+    transformers left to itself (``trust_remote_code=None``) asks on standard input, so ``yes | make run``
+    or an operator answering a prompt in a flow log would run the model's code: we decide instead."""
+    if not allowed:
+        found = custom_code_request(name)
+        if found:
+            raise RemoteCodeRefused(f"{setting} {name!r}: {found} asks to run the model's own Python code (auto_map); "
+                                    "refused. c2lip runs a model's code only where a trust_remote_code: true param says so")
+    return bool(allowed)
