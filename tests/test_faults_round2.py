@@ -72,3 +72,62 @@ def test_a_queued_run_does_not_inherit_the_overrides_of_the_run_ahead_of_it(tmp_
     assert seen_by_b["file"]["seed"] == 0 and seen_by_b["file"]["log_every"] == 10
     assert seen_by_b["merged"]["seed"] == 0
     assert (work / "params" / "train.yaml").read_bytes() == original
+
+
+# --------------------------------------------------------------------------------------------------
+# DNS rebinding: the connection goes to the address that was checked
+# --------------------------------------------------------------------------------------------------
+
+
+def _serve(address: str, port: int, body: bytes, hits: list):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            hits.append(self.headers.get("Host"))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer((address, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_resolver_that_answers_differently_the_second_time_cannot_redirect_the_connection(monkeypatch):
+    import socket
+
+    from components.data import download as dl
+    from components.shared.params import DownloadParams
+
+    victim_hits, mirror_hits = [], []
+    victim = _serve("127.0.0.1", 0, b"this machine's secret", victim_hits)  # what rebinding would reach
+    port = victim.server_address[1]
+    mirror = _serve("127.0.0.2", port, b"the mirror's image", mirror_hits)  # the address the check admits
+    real, answers = socket.getaddrinfo, []
+
+    def rebinding(host, *args, **kwargs):  # first answer: the admitted mirror; every later one: loopback
+        if host != "images.rebind.test":
+            return real(host, *args, **kwargs)
+        answers.append(host)
+        address = "127.0.0.2" if len(answers) == 1 else "127.0.0.1"
+        return real(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    cfg = DownloadParams(allow_hosts=["127.0.0.2"], retries=0)
+    session = dl.make_session(cfg)
+    try:
+        body = dl.download(session, f"http://images.rebind.test:{port}/a.jpg", cfg)
+        assert body == b"the mirror's image" and victim_hits == []
+        assert mirror_hits == [f"images.rebind.test:{port}"]  # the name stays in the Host header
+        # a second request resolves again: now loopback, which the check refuses before any connection
+        again = dl.download(session, f"http://images.rebind.test:{port}/b.jpg", cfg)
+        assert isinstance(again, dl.Skip) and again.reason == "refused_address" and victim_hits == []
+    finally:
+        session.close()
+        victim.shutdown()
+        mirror.shutdown()

@@ -41,32 +41,70 @@ def make_session(cfg: DownloadParams) -> requests.Session:
         respect_retry_after_header=True,
     )
     session = requests.Session()
-    adapter = HTTPAdapter(max_retries=retry, pool_connections=cfg.concurrency, pool_maxsize=cfg.concurrency)
+    session.trust_env = False  # no proxy from the environment: the connection must go to the checked address
+    adapter = PinnedAddressAdapter(cfg, max_retries=retry, pool_connections=cfg.concurrency, pool_maxsize=cfg.concurrency)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.headers["User-Agent"] = cfg.user_agent
     return session
 
 
-def refused_address(url: str, cfg: DownloadParams) -> str | None:
-    """Why ``url`` must not be fetched, or None. Only http(s) to public addresses: a host whose name resolves
-    to a loopback, private, link-local, multicast or reserved address is refused (a table must not make the
-    stage read this machine's or its network's services), unless ``allow_hosts`` names it."""
+class RefusedAddress(requests.RequestException):
+    """The URL's host is not a public address (or resolves to one that is not)."""
+
+
+def checked_address(url: str, cfg: DownloadParams) -> tuple[str | None, str | None]:
+    """(the address to connect to, None) or (None, why ``url`` must not be fetched), from ONE resolution of its
+    host. Only http(s) to public addresses: a host any of whose addresses is loopback, private, link-local,
+    multicast or reserved is refused (a table must not make the stage read this machine's or its network's
+    services), unless ``allow_hosts`` names it."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"not an http(s) URL ({parts.scheme or 'no scheme'})"
+        return None, f"not an http(s) URL ({parts.scheme or 'no scheme'})"
     host = parts.hostname
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        addresses = [info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
     except (socket.gaierror, ValueError, UnicodeError) as err:
-        return f"{host} does not resolve ({err})"
-    for text in sorted(addresses):
+        return None, f"{host} does not resolve ({err})"
+    if not addresses:
+        return None, f"{host} does not resolve"
+    for text in sorted(set(addresses)):
         address = ipaddress.ip_address(text.split("%")[0])
         if address.is_global or _allowed(host, address, cfg.allow_hosts):
             continue
-        return f"{host} is {address}, not a public address (download.allow_hosts admits a mirror)"
-    return None
+        return None, f"{host} is {address}, not a public address (download.allow_hosts admits a mirror)"
+    return addresses[0].split("%")[0], None
+
+
+def refused_address(url: str, cfg: DownloadParams) -> str | None:
+    """Why ``url`` must not be fetched, or None (:func:`checked_address`)."""
+    return checked_address(url, cfg)[1]
+
+
+class PinnedAddressAdapter(HTTPAdapter):
+    """An adapter that resolves each request's host once, checks the addresses (:func:`checked_address`) and
+    connects to the address it checked. Letting urllib3 resolve the name again on connect would let a DNS
+    server answer a public address for the check and a private one for the connection (DNS rebinding). The
+    name stays in the Host header and, for HTTPS, in SNI and certificate verification."""
+
+    def __init__(self, cfg: DownloadParams, **kwargs):
+        self.cfg = cfg
+        super().__init__(**kwargs)
+
+    def build_connection_pool_key_attributes(self, request, verify, cert=None):
+        host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
+        address, refused = checked_address(request.url, self.cfg)
+        if refused:
+            raise RefusedAddress(refused)
+        host = host_params["host"]
+        if address != host:
+            request.headers["Host"] = urlsplit(request.url).netloc.rsplit("@", 1)[-1]
+            host_params["host"] = address
+            if host_params["scheme"] == "https":
+                pool_kwargs["server_hostname"] = host
+                pool_kwargs["assert_hostname"] = host
+        return host_params, pool_kwargs
 
 
 def _allowed(host: str, address, allow_hosts: list[str]) -> bool:
@@ -87,9 +125,9 @@ def download(session: requests.Session, url: str, cfg: DownloadParams) -> bytes 
     deadline = time.monotonic() + cfg.deadline_s
     try:
         for _ in range(cfg.max_redirects + 1):
-            refused = refused_address(url, cfg)
-            if refused:
-                return Skip("refused_address", f"{url}: {refused}")
+            # the session's adapter resolves the host once, checks it and connects to that address (PinnedAddressAdapter)
+            if urlsplit(url).scheme not in ("http", "https"):  # a redirect to file:, ftp:, ...
+                return Skip("refused_address", f"{url}: not an http(s) URL")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return Skip("deadline", f"{url}: over {cfg.deadline_s} s")
@@ -99,6 +137,8 @@ def download(session: requests.Session, url: str, cfg: DownloadParams) -> bytes 
                     continue
                 return _read_body(resp, url, cfg, deadline)
         return Skip("too_many_redirects", url)
+    except RefusedAddress as refused:
+        return Skip("refused_address", f"{url}: {refused}")
     except requests.Timeout:
         return Skip("timeout", url)
     except requests.exceptions.ConnectionError as err:
