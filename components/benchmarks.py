@@ -241,16 +241,36 @@ def winoground_pairs(world, scene: dict, meta: dict, index: int, i: int, j: int,
     return pairs
 
 
+SUITE_MARKER = ".c2lip-benchmarks-suite"  # in every suite this stage writes: the one kind of folder it may replace
+
+
+def check_output_dir(out: Path) -> Path:
+    """``out`` resolved, if the stage may write it: a new or empty folder, or a suite it wrote before (its marker).
+    Anything else — a user's folder, ``data/``, the workspace itself — is refused, since writing the suite
+    replaces the folder as a whole."""
+    resolved = Path(out).resolve()
+    if not resolved.name or Path.cwd().resolve().is_relative_to(resolved):
+        raise ParamsError(f"output_dir: {out} is the working folder or one of its parents; name a folder of its own "
+                          "(default data/benchmarks/shapesworld)")
+    if resolved.exists() and not resolved.is_dir():
+        raise ParamsError(f"output_dir: {out} is a file, not a folder")
+    if resolved.is_dir() and any(resolved.iterdir()) and not (resolved / SUITE_MARKER).is_file():
+        raise ParamsError(f"output_dir: {out} holds files this stage did not write (no {SUITE_MARKER}); it is replaced as "
+                          "a whole, so name a new or empty folder (nothing was changed)")
+    return resolved
+
+
 def run(params: BenchmarksParams) -> dict[str, Any]:
+    out = check_output_dir(params.output_dir)  # before any work: nothing of a user's is ever replaced
     captions = load_params("captions", params.captions_params)
     if captions.source != "shapesworld":
         print(f"benchmarks: {params.captions_params} trains on {captions.source!r}; the ShapesWorld suite is "
               "built from its shapesworld section all the same", file=sys.stderr)
     started = time.perf_counter()
-    out = params.output_dir
     tmp = out.with_name(out.name + ".tmp")
     remove_inside(out.parent, tmp.name)  # a killed earlier run's leftovers (only ever out's own siblings)
     stats = build_suite(params, captions, tmp)  # (no timing in stats.json: the same suite must hash the same for DVC)
+    (tmp / SUITE_MARKER).write_text("written by components.benchmarks; the stage replaces this folder as a whole\n")
     old = out.with_name(out.name + ".old")
     remove_inside(out.parent, old.name)
     if out.exists():

@@ -17,6 +17,7 @@ the rest. A change of the params that shape the data, or of the stage's code, st
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import multiprocessing as mp
@@ -33,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from components.data.sources import RawSample, ShardPlan, Skip, SourceError, make_source
+from components.data.sources import RawSample, ShardPlan, Skip, SourceError, TableSource, WebDatasetSource, make_source
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
 from components.shared.params import CaptionsParams, ParamsError, load_params
 from components.shared.processes import stage_process_setup
@@ -49,9 +50,25 @@ SKIP_EXAMPLES = 3  # per reason, kept in the stats so a user can look at what wa
 # --------------------------------------------------------------------------------------------------
 
 
-def prepare_output(params: CaptionsParams) -> None:
-    """Keep finished shards made by the same params and code; start afresh otherwise."""
+def source_signature(source) -> dict[str, Any]:
+    """What the source's local files hold, for the fingerprint: an edited table or a replaced shard must start
+    afresh, not resume with the old captions. A table is hashed whole (tables are small next to their images);
+    tar shards, which can be terabytes, by path, size and modification time."""
+    if isinstance(source, TableSource):
+        digest = hashlib.sha256()
+        with open(source.cfg.path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+        return {"table_sha256": digest.hexdigest()}
+    if isinstance(source, WebDatasetSource):
+        return {"shards": [[path, (st := os.stat(path)).st_size, st.st_mtime_ns] for path in source.paths]}
+    return {}
+
+
+def prepare_output(params: CaptionsParams, source=None) -> None:
+    """Keep finished shards made by the same params, code and source files; start afresh otherwise."""
     shaping = params.model_dump(mode="json", exclude={"workers", "stats_path", "contact_sheet"})
+    shaping["source_files"] = source_signature(source)
     resume_or_restart(params.output_dir, fingerprint(shaping, stage_code("components.captions")), ["train", "test", "parts", "manifest.parquet"])
 
 
@@ -166,8 +183,8 @@ def run(params: CaptionsParams) -> dict[str, Any]:
 def plan(params: CaptionsParams) -> tuple[Any, list[ShardPlan], list[ShardPlan]]:
     """(the source, every shard's plan, the plans not finished yet), after keeping finished shards made by
     the same params and code (else starting afresh). Used by :func:`run` and the sharded flow."""
-    source = make_source(params)
-    prepare_output(params)
+    source = make_source(params)  # the source is opened and checked before any output is touched
+    prepare_output(params, source)
     plans = source.plan()
     return source, plans, [p for p in plans if not part_paths(params.output_dir, p)[2].is_file()]
 
