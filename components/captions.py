@@ -183,9 +183,9 @@ def run(params: CaptionsParams) -> dict[str, Any]:
 def plan(params: CaptionsParams) -> tuple[Any, list[ShardPlan], list[ShardPlan]]:
     """(the source, every shard's plan, the plans not finished yet), after keeping finished shards made by
     the same params and code (else starting afresh). Used by :func:`run` and the sharded flow."""
-    source = make_source(params)  # the source is opened and checked before any output is touched
-    prepare_output(params, source)
+    source = make_source(params)  # the source is opened, read through and checked before any output is touched
     plans = source.plan()
+    prepare_output(params, source)
     return source, plans, [p for p in plans if not part_paths(params.output_dir, p)[2].is_file()]
 
 

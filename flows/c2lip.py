@@ -37,7 +37,7 @@ from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_para
 from components.shared.params import STAGES as PARAM_MODELS
 from components.shared.processes import die_with_parent, mark_run
 from components.shared.redact import redact
-from flows.workspace import resolve_overrides, run_with_overrides, workspace_lock
+from flows.workspace import output_dir_inside, resolve_overrides, run_with_overrides, workspace_lock
 
 PROGRESS = re.compile(r"\d+%\|")
 PIPELINE = ["captions", "recaption", "concepts", "base", "train", "benchmarks", "evaluate"]
@@ -198,16 +198,18 @@ def full(overrides: RunOverrides | None = None, register_version: bool = True, p
 
 @flow(name="c2lip", log_prints=True)
 def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, benchmarks: SuiteParams | None = None,
-             output_dir: str = "reports/adhoc") -> dict[str, float]:
+             output_dir: str = "reports/adhoc", allow_outside_workspace: bool = False) -> dict[str, float]:
     """The benchmark suite for one model (a registered version or alias, a checkpoint, an export folder
-    or an open_clip name + tag), beside an optional reference; outside DVC, under ``output_dir``."""
+    or an open_clip name + tag), beside an optional reference; outside DVC, under ``output_dir`` (inside the
+    workspace unless ``allow_outside_workspace``)."""
     from components import evaluate as ev
 
+    report_dir = output_dir_inside(ROOT, output_dir, model.name, allow_outside_workspace)  # before any work
     params = load_params("evaluate")
     params.models = [m for m in (reference, model) if m is not None]
     if benchmarks is not None:
         params.benchmarks = benchmarks
-    params.output_dir = ROOT / output_dir / model.name
+    params.output_dir = report_dir
     flat = ev.run(params)
     text = (params.output_dir / "benchmarks.md").read_text()
     create_markdown_artifact(markdown=text, key=_artifact_key(f"c2lip-evaluate-{model.name}"), description=f"Benchmarks of {model.name}")

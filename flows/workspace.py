@@ -151,6 +151,25 @@ def run_with_overrides(root: Path, overrides: dict[str, dict[str, Any]], owner: 
             yield merged
 
 
+def output_dir_inside(root: Path, output_dir: str | Path, name: str, allow_outside_workspace: bool = False) -> Path:
+    """``root/output_dir/name`` resolved, where a flow run writes a report: inside the workspace unless
+    ``allow_outside_workspace`` (a deployment's parameters come from whoever can reach the Prefect server, and
+    an absolute or ``../`` path would let them write anywhere the worker can). ``name`` must be a plain name."""
+    from components.shared.atomic import check_entry_name
+    from components.shared.params import ParamsError
+
+    try:
+        check_entry_name(name, "model.name (the report's folder)")
+    except ValueError as err:
+        raise ParamsError(str(err)) from None
+    root = Path(root).resolve()
+    target = (root / output_dir / name).resolve()
+    if not allow_outside_workspace and not target.is_relative_to(root):
+        raise ParamsError(f"output_dir: {output_dir} leads to {target}, outside the workspace {root}; use a relative path "
+                          "inside it, or set allow_outside_workspace: true")
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import io
 import json
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -205,6 +206,8 @@ class TableSource:
         self.cfg: TableSourceParams = params.table
         self.columns = [self.cfg.image_column, *self.cfg.caption_columns.values()]
         self.root = self.cfg.image_root or self.cfg.path.parent
+        self.malformed: list[str] = []  # rows with more or fewer fields than the header, met in the current pass: skipped
+        self.malformed_rows: list[str] = []  # those of plan()'s pass over the whole table: the counted ones
         self._check_columns()
 
     def _check_columns(self) -> None:
@@ -214,10 +217,22 @@ class TableSource:
             raise SourceError(f"{self.cfg.path}: column(s) {missing} not found; the table has {names}")
 
     def _schema_names(self) -> list[str]:
-        if self.cfg.path.suffix.lower() == ".parquet":
-            return pq.ParquetFile(self.cfg.path).schema_arrow.names
-        with self._open_csv(select=False) as reader:
-            return reader.schema.names
+        try:
+            if self.cfg.path.suffix.lower() == ".parquet":
+                return pq.ParquetFile(self.cfg.path).schema_arrow.names
+            with self._open_csv(select=False) as reader:
+                return reader.schema.names
+        except UnicodeDecodeError as err:
+            raise SourceError(f"{self.cfg.path}: the header row is not UTF-8 text (byte {err.object[err.start:err.end]!r} "
+                              f"at {err.start}); save the table as UTF-8") from None
+        except (pa.ArrowInvalid, OSError) as err:
+            raise SourceError(f"{self.cfg.path}: not a readable table ({str(err).splitlines()[0][:200]})") from None
+
+    def _malformed_row(self, row) -> str:
+        """pyarrow's invalid_row_handler: a row with the wrong number of fields is skipped and counted (plan())."""
+        self.malformed.append(f"row {row.number or '?'}: {row.actual_columns} fields, the header has "
+                              f"{row.expected_columns}: {redact(str(row.text))[:120]}")
+        return "skip"
 
     def _open_csv(self, select: bool = True) -> pacsv.CSVStreamingReader:
         delimiter = self.cfg.delimiter or ("\t" if self.cfg.path.suffix.lower() == ".tsv" else ",")
@@ -229,7 +244,7 @@ class TableSource:
         return pacsv.open_csv(
             self.cfg.path,
             read_options=pacsv.ReadOptions(block_size=1 << 22),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=self._malformed_row),
             convert_options=convert,
         )
 
@@ -249,16 +264,44 @@ class TableSource:
                     yield {k: _text(v) for k, v in row.items()}
 
     def plan(self) -> list[ShardPlan]:
-        # Counting rows streams the table once (cheap next to downloading); Parquet knows its count.
+        # Counting rows streams the table once (cheap next to downloading); Parquet knows its count. The CSV pass
+        # also counts malformed rows and finds an unterminated quote, before any output is touched.
         if self.cfg.path.suffix.lower() == ".parquet":
             total = pq.ParquetFile(self.cfg.path).metadata.num_rows
         else:
-            total = sum(b.num_rows for b in self._batches())
+            self.malformed.clear()
+            total, last = 0, None
+            for batch in self._batches():
+                total += batch.num_rows
+                last = batch.slice(batch.num_rows - 1).to_pylist()[0] if batch.num_rows else last
+            self._check_last_row(last, total)
+            self.malformed_rows = list(self.malformed)
+            if self.malformed:
+                print(f"captions: {self.cfg.path}: skipped {len(self.malformed)} malformed row(s); first: {self.malformed[0]}",
+                      file=sys.stderr)
         size = self.params.shard_size
         return [ShardPlan("train", i, (start, min(start + size, total))) for i, start in enumerate(range(0, total, size))]
 
+    def _check_last_row(self, last: dict[str, Any] | None, total: int) -> None:
+        """A quote that is opened and never closed makes the rest of the file one value of the last row: refuse the
+        table (naming the row) rather than train on one giant caption with every later row lost. Seen as a last-row
+        value with a line break after which a line has as many fields as the header."""
+        if not last:
+            return
+        delimiter = self.cfg.delimiter or ("\t" if self.cfg.path.suffix.lower() == ".tsv" else ",")
+        fields = len(self._schema_names())
+        for column, value in last.items():
+            text = _text(value)
+            if not isinstance(text, str) or "\n" not in text:
+                continue
+            rows_inside = [line for line in text.split("\n")[1:] if len(line.split(delimiter)) >= fields]
+            if rows_inside:
+                raise SourceError(f"{self.cfg.path}: data row {total}, column {column!r}: a quote opened there is never closed, so "
+                                  f"the rest of the file ({text.count(chr(10))} lines, e.g. {redact(rows_inside[0])[:60]!r}) would "
+                                  "be one caption; close the quote (nothing was written)")
+
     def summary(self) -> dict[str, Any]:
-        return {"table": str(self.cfg.path)}
+        return {"table": str(self.cfg.path), "malformed_rows": len(self.malformed_rows), "malformed_row_examples": self.malformed_rows[:3]}
 
     def shard_rows(self, plans: list[ShardPlan]) -> Iterator[tuple[ShardPlan, list[dict[str, Any]]]]:
         """Rows of each wanted shard in order, reading the table once (plans sorted by start row)."""

@@ -147,6 +147,7 @@ class TrainBatches(IterableDataset):
         self.transform, self.tokenizer, self.phrases = transform, tokenizer, phrases
         self.build, self.accumulation, self.trim_phrases = build, accumulation, trim_phrases
         self._nlp: dict[str, Any] = {}
+        self.undecodable = 0  # images skipped so far in this process (a data worker has its own count)
         data = params.data
         self.recaptions = load_recaptions(data.recaptions_dir, [*data.caption_fields, *filter(None, [data.single_object_caption_field])])
 
@@ -195,13 +196,40 @@ class TrainBatches(IterableDataset):
                 if caption is None:
                     raise KeyError(f"caption field {field!r} missing: not in the sample's captions, nor a column of "
                                    f"data.recaptions_dir {data.recaptions_dir}")
-                image = Image.open(io.BytesIO(sample["jpg"])).convert("RGB")
             except Exception as err:  # noqa: BLE001 - any broken sample: name it and stop
                 raise ValueError(f"{sample.get('__url__', '?')}: sample {key!r}: {err}") from err
             if self.phrases is not None and key not in self.phrases:
                 raise KeyError(f"{sample.get('__url__', '?')}: sample {key!r} has no phrases in {data.concepts_dir}")
-            out.append((key, meta, caption, image))
-        return out
+            out.append((key, meta, caption, self.image(sample)))
+        return self.without_undecodable(out, samples)
+
+    def image(self, sample: dict) -> Image.Image | None:
+        """The sample's image, or None (counted, named on stderr) when it does not decode: one broken JPEG in a
+        shard of thousands costs one sample, not the run — up to ``data.max_undecodable_images``."""
+        try:
+            return Image.open(io.BytesIO(sample.get("jpg", b""))).convert("RGB")
+        except Exception as err:  # noqa: BLE001 - PIL raises several types for a broken image
+            self.undecodable += 1
+            limit = self.params.data.max_undecodable_images
+            where = f"{sample.get('__url__', '?')}: sample {sample['__key__']!r}"
+            if self.undecodable > limit:
+                raise ValueError(f"{where}: image does not decode ({str(err)[:120]}); that is {self.undecodable} such "
+                                 f"images in this data worker, over data.max_undecodable_images ({limit})") from None
+            print(f"train: skipped {where}: image does not decode ({str(err)[:120]}); {self.undecodable} so far in this "
+                  f"data worker (limit data.max_undecodable_images: {limit})", file=sys.stderr, flush=True)
+            return None
+
+    @staticmethod
+    def without_undecodable(decoded: list[tuple], samples: list[dict]) -> list[tuple]:
+        """Each sample whose image did not decode replaced by the next good one of the batch (cyclically): a batch
+        keeps its size (DeepSpeed's micro-batch is fixed) and its place in the stream (resume stays exact)."""
+        good = [i for i, item in enumerate(decoded) if item[3] is not None]
+        if len(good) == len(decoded):
+            return decoded
+        if not good:
+            raise ValueError(f"{samples[0].get('__url__', '?')}: no image of a batch of {len(samples)} decodes")
+        return [item if item[3] is not None else decoded[min(good, key=lambda g: (g - i) % len(decoded))]
+                for i, item in enumerate(decoded)]
 
     def make_batch(self, samples: list[dict], index: int) -> dict[str, torch.Tensor]:
         seed = self.params.seed

@@ -3,6 +3,7 @@ leaves at most a ``*.tmp`` file behind, which the next run overwrites)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -17,16 +18,49 @@ import pyarrow.parquet as pq
 from components.shared.params_base import ENTRY_NAME_PATTERN
 
 
+# errors that mean "this disk cannot take the file" (full, quota, read-only, not permitted), not a bug
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+class OutputWriteError(OSError):
+    """An output could not be written (disk full, read-only, no permission); the message names the file, the
+    bytes it needed and the space free. What was there before is untouched."""
+
+
+def storage_message(path: Path, err: OSError, needed: int | None = None) -> str:
+    """One line: the file, why it could not be written, how much it needed and how much its disk has free."""
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = f"{shutil.disk_usage(folder).free:,} bytes free on its file system"
+    except OSError:
+        free = "free space unknown"
+    need = f"{needed:,} bytes needed, " if needed is not None else ""
+    return f"{path}: cannot be written ({err.strerror or err}); {need}{free}. Nothing already written was changed"
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary sibling, flush it to disk, then rename it over ``path``."""
+    """Write ``data`` to a temporary sibling, flush it to disk, then rename it over ``path``. A full or read-only
+    disk raises :class:`OutputWriteError` naming the file; the temporary file is removed, ``path`` keeps its
+    old content."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        if err.errno not in STORAGE_ERRNOS:
+            raise
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise OutputWriteError(err.errno, storage_message(path, err, len(data))) from None
 
 
 def atomic_write_json(path: Path, obj: Any, sort_keys: bool = True) -> None:

@@ -70,11 +70,14 @@ def _format_error(path: Path, err: ValidationError) -> str:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently)."""
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently). Merge
+    keys (``<<: *defaults``) work as in YAML: a key written in the mapping overrides the one merged in."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<': merged by flatten_mapping, not a key of its own
+                continue
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(

@@ -59,6 +59,9 @@ class TrainDataParams(Strict):
     crop_scale: tuple[float, float] = Field((0.9, 1.0), description="RandomResizedCrop area range.")
     shuffle_buffer: int = Field(2000, ge=1, description="Samples in the seeded shuffle buffer (one per epoch and rank).")
     workers: int = Field(1, ge=0, description="DataLoader worker processes per rank (0: decode in the training process).")
+    max_undecodable_images: int = Field(100, ge=0, description="Samples whose image does not decode that are skipped (each "
+                                        "replaced in its batch by another sample of that batch, and named in the log) before "
+                                        "training stops, counted per data worker.")
     sentence_sampling: SentenceSamplingParams | None = Field(
         None, description="Train on a random subset of each caption's sentences (a data option for any method; None: off).")
     phrases_as_captions: float = Field(

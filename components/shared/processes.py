@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 import uuid
+from pathlib import Path
 
 RUN_ENV = "C2LIP_RUN_ID"
 _PR_SET_PDEATHSIG = 1
@@ -67,8 +68,16 @@ def stage_process_setup() -> None:
 
 
 def _redacted_traceback(kind, value, tb) -> None:
+    from components.shared.atomic import STORAGE_ERRNOS, OutputWriteError, storage_message
     from components.shared.redact import redact
 
+    # a full or read-only disk is the machine's state, not a bug: one line naming the file, no traceback
+    if isinstance(value, OutputWriteError):
+        sys.stderr.write(redact(f"error: {value.strerror}\n"))
+        return
+    if isinstance(value, OSError) and value.errno in STORAGE_ERRNOS and value.filename:
+        sys.stderr.write(redact(f"error: {storage_message(Path(str(value.filename)), value)}\n"))
+        return
     sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))))
 
 
