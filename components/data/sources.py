@@ -211,7 +211,7 @@ class TableSource:
         self._check_columns()
 
     def _check_columns(self) -> None:
-        names = self._schema_names()
+        names = self.header = self._schema_names()
         missing = [c for c in self.columns if c not in names]
         if missing:
             raise SourceError(f"{self.cfg.path}: column(s) {missing} not found; the table has {names}")
@@ -289,7 +289,7 @@ class TableSource:
         if not last:
             return
         delimiter = self.cfg.delimiter or ("\t" if self.cfg.path.suffix.lower() == ".tsv" else ",")
-        fields = len(self._schema_names())
+        fields = len(self.header)
         for column, value in last.items():
             text = _text(value)
             if not isinstance(text, str) or "\n" not in text:
