@@ -31,11 +31,11 @@ from PIL import Image
 from tqdm import tqdm
 
 from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json
-from components.shared.checkpoints import EXPORT_CONFIG, check_export  # what our exports (and MLflow-registered models) hold
+from components.shared.checkpoints import EXPORT_CONFIG, check_export, refuse_export_code  # what our exports (and MLflow-registered models) hold
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
-from components.shared.safe_load import RemoteCodeRefused, UnsafeCheckpointError, load_torch_file, refuse_remote_code
+from components.shared.safe_load import RemoteCodeRefused, UnsafeCheckpointError, load_torch_file
 from components.shared.stage_code import stage_code
 from components.suite import aro as aro_formats
 from components.suite import formats, long_captions
@@ -205,19 +205,6 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
 
 
-def refuse_export_code(folder: Path, name: str) -> None:
-    """An export whose config names a Hugging Face text tower (or whose saved tokenizer) carries its own code is
-    refused: open_clip builds that tower through transformers without ``trust_remote_code``, which asks on stdin."""
-    text_cfg = json.loads((folder / EXPORT_CONFIG).read_text()).get("model_cfg", {}).get("text_cfg", {})
-    try:
-        for key in ("hf_model_name", "hf_tokenizer_name"):
-            if text_cfg.get(key):
-                refuse_remote_code(str(text_cfg[key]), f"model {name!r}: {folder / EXPORT_CONFIG} {key}")
-        refuse_remote_code(str(folder), f"model {name!r}: export")
-    except RemoteCodeRefused as err:
-        raise EvaluateError(str(err)) from None
-
-
 def load_model(kind: str, where: Any, spec: EvalModelSpec):
     """(model in eval mode, preprocess, tokenizer)."""
     import open_clip
@@ -226,7 +213,10 @@ def load_model(kind: str, where: Any, spec: EvalModelSpec):
 
     if kind == "export":
         check_export(Path(where))  # checksums and a readable safetensors file, else the file is named
-        refuse_export_code(Path(where), spec.name)
+        try:
+            refuse_export_code(Path(where), f"model {spec.name!r}")
+        except RemoteCodeRefused as err:
+            raise EvaluateError(str(err)) from None
         model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{where}")
         tokenizer = open_clip.get_tokenizer(f"local-dir:{where}")
     elif kind == "checkpoint":

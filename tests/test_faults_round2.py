@@ -275,7 +275,7 @@ def test_custom_model_code_is_refused_everywhere_even_with_yes_on_stdin(tmp_path
     import io
 
     from components import concepts, recaption
-    from components.evaluate import EvaluateError, refuse_export_code
+    from components.shared.checkpoints import refuse_export_code
     from components.method.models import TINY_CLIP, create_model
     from components.shared.params import ConceptsParams
     from components.shared.params_train import HFTextTowerParams
@@ -294,8 +294,8 @@ def test_custom_model_code_is_refused_everywhere_even_with_yes_on_stdin(tmp_path
     export = tmp_path / "export"
     export.mkdir()
     (export / "open_clip_config.json").write_text(json.dumps({"model_cfg": {"text_cfg": {"hf_model_name": str(evil)}}}))
-    with pytest.raises(EvaluateError, match="hf_model_name.*refused"):
-        refuse_export_code(export, "suspect")
+    with pytest.raises(RemoteCodeRefused, match="hf_model_name.*refused"):
+        refuse_export_code(export, "model 'suspect'")
     assert not marker.exists()
     # a param that says so explicitly is honoured: the code runs (here it only creates the marker, then fails to load)
     allowed = ConceptsParams.model_validate({"extractor": "llm", "llm": {"model": str(evil), "trust_remote_code": True}})

@@ -118,6 +118,20 @@ def check_export(folder: Path) -> Path:
     return folder
 
 
+def refuse_export_code(folder: Path, setting: str) -> None:
+    """Raise RemoteCodeRefused when an export's config names a Hugging Face text tower (or tokenizer) that ships
+    its own code, or the export folder's saved tokenizer does: open_clip builds the tower through transformers
+    without ``trust_remote_code``, which would ask on stdin (:func:`~components.shared.safe_load.refuse_remote_code`)."""
+    from components.shared.safe_load import refuse_remote_code
+
+    folder = Path(folder)
+    text_cfg = json.loads((folder / EXPORT_CONFIG).read_text()).get("model_cfg", {}).get("text_cfg", {})
+    for key in ("hf_model_name", "hf_tokenizer_name"):
+        if text_cfg.get(key):
+            refuse_remote_code(str(text_cfg[key]), f"{setting}: {folder / EXPORT_CONFIG} {key}")
+    refuse_remote_code(str(folder), f"{setting}: export")
+
+
 def check_weights_file(path: Path) -> Path:
     """A checkpoint file named as an init: it must open (safetensors: its header; a torch file: loaded weights-only,
     so a crafted pickle is refused too). Raises CorruptFileError naming the file and what is wrong."""

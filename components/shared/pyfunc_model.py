@@ -27,7 +27,10 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
 
         import components.method.models  # noqa: F401  registers our tiny configs with open_clip (and timm)
 
+        from components.shared.checkpoints import refuse_export_code
+
         folder = context.artifacts[EXPORT_ARTIFACT]
+        refuse_export_code(folder, "registered model")  # a text tower with its own code never runs on a "y"
         self.model, _, self.preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
         self.model.eval()
         self.tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
