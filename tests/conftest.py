@@ -104,7 +104,7 @@ def make_clone(tmp_path: Path, train_steps: int = 2) -> tuple[Path, dict]:
     work = tmp_path / "repo"
     work.mkdir()
     for name in ("components", "flows", "params", "infra", ".dvc", "dvc.yaml", "dvc.lock", ".dvcignore", ".gitignore",
-                 "models/base", "metrics/base.json", "metrics/base_loss.json"):
+                 "models/base", "metrics/base.json", "metrics/base_loss.json", "data/sources"):
         src = REPO / name
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name, **({"ignore": shutil.ignore_patterns("checkpoints", "__pycache__")} if src.is_dir() else {}))

@@ -185,7 +185,8 @@ def test_the_stage_runs_the_tiny_model_end_to_end_and_counts_a_broken_image(data
     odd = _odd_shard(data)
     params = RecaptionParams.model_validate({
         "manifest": str(odd / "manifest.parquet"), "output_dir": str(tmp_path / "r"), "stats_path": str(tmp_path / "s.json"),
-        "contact_sheet": str(tmp_path / "sheet.png"), "captioner": "transformers", "max_failure_rate": 0.5,
+        "contact_sheet": str(tmp_path / "sheet.png"), "captioner": "transformers",
+        "max_failure_rate": 1.0,  # a random model may generate no words at all: counted, not a stop, here
         "transformers": {"model": str(captioner_dir), "max_new_tokens": 5, "batch_size": 2}})
     stats = recaption.run(params)
     rows = {r["key"]: r for r in pq.read_table(tmp_path / "r" / "manifest.parquet").to_pylist()}

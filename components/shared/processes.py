@@ -75,8 +75,12 @@ def _redacted_traceback(kind, value, tb) -> None:
     if isinstance(value, OutputWriteError):
         sys.stderr.write(redact(f"error: {value.strerror}\n"))
         return
-    if isinstance(value, OSError) and value.errno in STORAGE_ERRNOS and value.filename:
-        sys.stderr.write(redact(f"error: {storage_message(Path(str(value.filename)), value)}\n"))
+    if isinstance(value, OSError) and value.errno in STORAGE_ERRNOS:
+        # the system names the file on open, not on write: then the last frame of ours says where it was written
+        where = Path(str(value.filename)) if value.filename else Path.cwd() / "(an output of this stage)"
+        frame = next((f for f in reversed(traceback.extract_tb(tb)) if "/components/" in f.filename), None)
+        written_at = f" (written by {Path(frame.filename).name}:{frame.lineno} {frame.name})" if frame and not value.filename else ""
+        sys.stderr.write(redact(f"error: {storage_message(where, value)}{written_at}\n"))
         return
     sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))))
 
