@@ -338,9 +338,11 @@ def evaluate_shared(model, preprocess, tokenizer, tasks: list[formats.Task], par
 # --------------------------------------------------------------------------------------------------
 
 
-def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: EvaluateParams, suite_fp: str, quiet: bool = False) -> dict[str, dict[str, float]]:
-    """One model's results on the loaded suite, from the cache when the same weights met the same suite."""
-    kind, where = resolve_model(spec, params.cache_dir / "downloads")
+def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: EvaluateParams, suite_fp: str, quiet: bool = False,
+                   resolved: tuple[str, Any] | None = None) -> dict[str, dict[str, float]]:
+    """One model's results on the loaded suite, from the cache when the same weights met the same suite
+    (``resolved``: :func:`resolve_model`'s answer when the caller has it)."""
+    kind, where = resolved or resolve_model(spec, params.cache_dir / "downloads")
     fp = hashlib.sha256(f"{model_fingerprint(kind, where)}:{suite_fp}".encode()).hexdigest()[:16]
     cached = params.cache_dir / f"{spec.name}-{fp}.json"
     if cached.is_file():
@@ -362,11 +364,13 @@ def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
     tasks = load_suite(params)
     check_images(tasks)
     suite_fp = suite_fingerprint(params, tasks)
+    # every model is found before any is evaluated: a misspelt second model costs no time and touches nothing
+    resolved = {spec.name: resolve_model(spec, params.cache_dir / "downloads") for spec in params.models}
     per_model: dict[str, dict[str, dict[str, float]]] = {}
     meta: dict[str, str] = {}
     for spec in params.models:
         meta[spec.name] = spec.uri or f"{spec.arch} / {spec.pretrained}"
-        per_model[spec.name] = evaluate_model(spec, tasks, params, suite_fp)
+        per_model[spec.name] = evaluate_model(spec, tasks, params, suite_fp, resolved=resolved[spec.name])
     names = [m.name for m in params.models]
     flat = flat_metrics(tasks, per_model)
     out = params.output_dir

@@ -556,3 +556,43 @@ def test_the_evaluate_deployment_writes_inside_the_workspace_unless_allowed(tmp_
         with pytest.raises(ParamsError):
             workspace.output_dir_inside(tmp_path, where, name)
     assert workspace.output_dir_inside(tmp_path, "/srv/reports", "mine", allow_outside_workspace=True) == Path("/srv/reports/mine")
+
+
+def test_a_misspelt_model_for_evaluate_or_a_damaged_init_for_train_touches_no_output(shards, tmp_path, capsys):
+    import yaml
+    from PIL import Image
+
+    from components import evaluate, train
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "benchmarks.md").write_text("the last good report")
+    wino = tmp_path / "wino"
+    wino.mkdir()
+    (wino / "examples.jsonl").write_text(json.dumps({"id": 0, "caption_0": "a", "caption_1": "b", "image_0": "x", "image_1": "y"}) + "\n")
+    for name in ("x", "y"):
+        Image.new("RGB", (8, 8), "red").save(wino / f"{name}.png")
+    names = ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval", "long_captions")
+    params = {"models": [{"name": "base", "uri": str(REPO / "models" / "base" / "export")},
+                         {"name": "tuned", "uri": str(tmp_path / "models" / "tunde" / "export")}],
+              "benchmarks": {k: {"enabled": k == "winoground", "data_root": str(wino) if k == "winoground" else "unused"} for k in names},
+              "output_dir": str(reports), "cache_dir": str(tmp_path / "cache")}
+    file = tmp_path / "evaluate.yaml"
+    file.write_text(yaml.safe_dump(params))
+    assert evaluate.main(["--params", str(file)]) == 2
+    assert "tuned" in capsys.readouterr().err
+    assert sorted(p.name for p in reports.iterdir()) == ["benchmarks.md"] and not (tmp_path / "cache").exists()
+    # train: its checkpoints stay when model.init names a damaged file
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "latest").write_text("step00000100")
+    init = tmp_path / "base.safetensors"
+    init.write_bytes(b"\x00" * 16)
+    data = yaml.safe_load((REPO / "params" / "train.yaml").read_text())
+    data.update(output_dir=str(out))
+    data["data"].update(shards=[str(shards / "captions" / "train" / "*.tar")], concepts_dir=str(shards / "concepts"))
+    data["model"]["init"] = str(init)
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(data))
+    assert train.main(["--params", str(tmp_path / "train.yaml")]) == 2
+    assert "base.safetensors: not a readable checkpoint" in capsys.readouterr().err
+    assert (out / "checkpoints" / "latest").read_text() == "step00000100"
