@@ -77,8 +77,8 @@ def load_suite(params: EvaluateParams, nlp_loader=None) -> list[formats.Task]:
         if aro.order_files:
             nlp = (nlp_loader or load_tagger)(params.spacy_model)
             for name, file in aro.order_files.items():
-                tasks.append(aro_formats.aro_order(aro.data_root / file, aro.order_image_root or aro.images, f"aro/{name}", aro.order_split,
-                                          aro.order_captions_per_image, nlp, params.order_seed))
+                tasks.append(aro_formats.aro_order(aro.data_root / file, aro.order_images_of(name), f"aro/{name}", aro.order_split,
+                                                   aro.order_captions_per_image, nlp, params.order_seed))
     if b.winoground.enabled:
         tasks.append(formats.winoground(b.winoground.data_root / b.winoground.file, b.winoground.images, "winoground"))
     zs = b.zero_shot
@@ -86,7 +86,7 @@ def load_suite(params: EvaluateParams, nlp_loader=None) -> list[formats.Task]:
         tasks.append(formats.zero_shot(zs.data_root, "zero_shot", zs.templates, zs.classnames_file, zs.held_out_file, zs.readable_names))
     if b.retrieval.enabled:
         for name, file in b.retrieval.files.items():
-            tasks.append(formats.retrieval(b.retrieval.data_root / file, b.retrieval.images, f"retrieval/{name}", b.retrieval.split))
+            tasks.append(formats.retrieval(b.retrieval.data_root / file, b.retrieval.images_of(name), f"retrieval/{name}", b.retrieval.split))
     lc = b.long_captions
     if lc.enabled:
         tasks.append(long_captions.long_caption_retrieval(lc.data_root / lc.file, lc.images, "long_captions", lc.split))

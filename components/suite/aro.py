@@ -7,6 +7,7 @@ ARO cleans it). Readers return :class:`components.suite.formats.Task` like the o
 
 from __future__ import annotations
 
+import random
 import sys
 from collections import Counter
 from pathlib import Path
@@ -115,42 +116,60 @@ def aro_pre_caption(text: str, max_words: int = ARO_ORDER_MAX_WORDS) -> str:
     return " ".join(text.split(" ")[:max_words])
 
 
-def _shuffle_where(words: list[str], mask: list[bool], rng: np.random.Generator) -> list[str]:
-    positions = [k for k, m in enumerate(mask) if m]
-    out = list(words)
-    for k, src in zip(positions, rng.permutation(positions)):
-        out[k] = words[src]
-    return out
+def trigrams(tokens: list[str]) -> list[list[str]]:
+    """Consecutive groups of three tokens (the last may be shorter), as ARO groups them."""
+    return [tokens[k:k + 3] for k in range(0, len(tokens), 3)]
 
 
-def order_perturbations(words: list[str], tags: list[str], rng: np.random.Generator) -> list[str]:
-    """ARO's four perturbations of a caption (its tokens and their Penn tags), each drawn once as ARO
-    draws it: nouns shuffled among the noun slots and adjectives among the adjective slots; every other
-    token shuffled among the rest; the words shuffled within each trigram; the trigrams shuffled. A draw
-    may leave the caption unchanged (a short caption): ARO keeps it, and the tie rule decides."""
-    nouns = [t in NOUN_TAGS for t in tags]
-    adjectives = [t in ADJ_TAGS for t in tags]
-    trigrams = [words[k:k + 3] for k in range(0, len(words), 3)]
-    nouns_and_adjectives = _shuffle_where(_shuffle_where(words, nouns, rng), adjectives, rng)
-    all_but = _shuffle_where(words, [not (n or a) for n, a in zip(nouns, adjectives)], rng)
-    within = [w for tri in trigrams for w in (tri[k] for k in rng.permutation(len(tri)))]
-    across = [w for k in rng.permutation(len(trigrams)) for w in trigrams[k]]
-    return [" ".join(x) for x in (nouns_and_adjectives, all_but, within, across)]
+def order_perturbations(caption: str, doc, np_rng: np.random.RandomState, py_rng: random.Random) -> list[str]:
+    """ARO's four perturbations of a caption, drawn as ARO's TextShuffler draws them (dataset_zoo/perturbations.py):
+
+    1. nouns shuffled among the noun slots, then adjectives among the adjective slots (spaCy tokens and Penn tags,
+       ``doc``; NumPy's generator, one ``permutation`` each);
+    2. every token that is neither shuffled among the rest (NumPy's generator);
+    3. the words shuffled within each trigram (NLTK's ``word_tokenize``; Python's generator, one ``shuffle`` per
+       trigram);
+    4. the trigrams shuffled (NLTK's tokens; Python's generator).
+
+    With ``np_rng`` and ``py_rng`` seeded as ARO seeds NumPy's and Python's global generators, and the captions taken
+    in ARO's order, the draws are ARO's. NLTK splits with ``preserve_line=True`` (no sentence split first, which
+    would need NLTK's downloaded punkt model): the same tokens for a caption of one sentence. A draw may leave the
+    caption unchanged (a short caption): ARO keeps it, and the tie rule decides."""
+    from nltk.tokenize import word_tokenize
+
+    tokens = np.array([t.text for t in doc])
+    tags = [t.tag_ for t in doc]
+    nouns = [k for k, tag in enumerate(tags) if tag in NOUN_TAGS]
+    adjectives = [k for k, tag in enumerate(tags) if tag in ADJ_TAGS]
+    first = tokens.copy()
+    first[nouns] = np_rng.permutation(first[nouns])
+    first[adjectives] = np_rng.permutation(first[adjectives])
+    second = tokens.copy()
+    rest = np.ones(len(tokens), dtype=bool)
+    rest[nouns + adjectives] = False
+    second[rest] = np_rng.permutation(second[rest])
+    words = word_tokenize(caption, preserve_line=True)
+    within = trigrams(words)
+    for trigram in within:
+        py_rng.shuffle(trigram)
+    across = trigrams(words)
+    py_rng.shuffle(across)
+    return [" ".join(first), " ".join(second), " ".join(" ".join(t) for t in within), " ".join(" ".join(t) for t in across)]
 
 
-def aro_order(path: Path, image_root: Path, name: str, split: str, per_image: int, nlp, seed: int) -> Task:
-    """ARO COCO/Flickr order: each caption against its four shuffles, every option cleaned as ARO cleans
-    it (:func:`aro_pre_caption`); ``p_at_1`` the official precision@1 (a tie with a shuffle counts as
-    right: ARO's argmax has the true caption first), ``p_at_1_ties_wrong`` the strict count."""
-    rows = read_karpathy(path, split)
+def aro_order(path: Path, image_root: Path, name: str, split: str, per_image: int | None, nlp, seed: int) -> Task:
+    """ARO COCO/Flickr order: each caption against its four shuffles (:func:`order_perturbations`, with generators
+    seeded by ``seed`` for this file), every option cleaned as ARO cleans it (:func:`aro_pre_caption`); ``per_image``
+    captions of each image (0 or None: every caption, as ARO). ``p_at_1`` the official precision@1 (a tie with a
+    shuffle counts as right: ARO's argmax has the true caption first), ``p_at_1_ties_wrong`` the strict count."""
+    rows = read_karpathy(path, split, strip=False)  # ARO shuffles the caption as written: spaces are tokens too
     idx, img, true, shuffled, held = _Index(), [], [], [], []
-    chosen = [(p, c, h) for p, caps, h in rows for c in caps[:per_image]]
-    rng = np.random.default_rng(seed)
+    chosen = [(p, c, h) for p, caps, h in rows for c in (caps[:per_image] if per_image else caps)]
+    np_rng, py_rng = np.random.RandomState(seed), random.Random(seed)
     for (image, caption, flag), doc in zip(chosen, nlp.pipe([c for _, c, _ in chosen], batch_size=256)):
-        words, tags = [t.text for t in doc], [t.tag_ for t in doc]
         img.append(idx.image(ImageRef(image_root / image)))
         true.append(idx.text(aro_pre_caption(caption)))
-        shuffled.append([idx.text(aro_pre_caption(s)) for s in order_perturbations(words, tags, rng)])
+        shuffled.append([idx.text(aro_pre_caption(s)) for s in order_perturbations(caption, doc, np_rng, py_rng)])
         held.append(flag)
     _nonempty(path, len(img))
     i, t, s = torch.tensor(img), torch.tensor(true), torch.tensor(shuffled)

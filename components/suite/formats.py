@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -211,7 +212,13 @@ def hard_positives(original_path: Path, swapped_path: Path, image_root: Path, na
             raise BenchmarkError(f"{swapped_path}: item {n} is for image {b['image_path']!r} but {original_path} item {n} for {image!r}; the files are not aligned")
         if _field(swapped_path, str(n), b, "false_caption") != _field(original_path, str(n), a, "false_caption"):
             raise BenchmarkError(f"{swapped_path}: item {n} has another false_caption than {original_path} item {n}; the files are not aligned")
-        img.append(idx.image(ImageRef(image_root / image, _box(original_path, str(n), a, required=False))))
+        box, swapped_box = _box(original_path, str(n), a, required=False), _box(swapped_path, str(n), b, required=False)
+        # the crop scored is data/'s: a swapped file that names a box must name the same one (one without boxes
+        # claims no other region)
+        if swapped_box is not None and box != swapped_box:
+            raise BenchmarkError(f"{swapped_path}: item {n} has box {swapped_box} but {original_path} item {n} has {box}; "
+                                 "the files are not aligned")
+        img.append(idx.image(ImageRef(image_root / image, box)))
         cap.append(idx.text(_field(original_path, str(n), a, "true_caption")))
         hpos.append(idx.text(_field(swapped_path, str(n), b, "true_caption")))
         neg.append(idx.text(a["false_caption"]))
@@ -228,10 +235,10 @@ def hard_positives(original_path: Path, swapped_path: Path, image_root: Path, na
                 f"{original_path} + {swapped_path}")
 
 
-def read_karpathy(path: Path, split: str) -> list[tuple[str, list[str], bool]]:
+def read_karpathy(path: Path, split: str, strip: bool = True) -> list[tuple[str, list[str], bool]]:
     """(image path relative to the image root, captions, held_out) of one split of a Karpathy JSON
     ({"images": [{filepath?, filename, split, sentences: [{raw}]}]}) or of BLIP's list form
-    ([{image, caption: [..]}], as ARO's coco_karpathy_test.json)."""
+    ([{image, caption: [..]}], as ARO's coco_karpathy_test.json). ``strip=False`` keeps each caption as written."""
     data = _read_json(path)
     rows = []
     if isinstance(data, dict) and "images" in data:
@@ -244,7 +251,7 @@ def read_karpathy(path: Path, split: str) -> list[tuple[str, list[str], bool]]:
             texts = []
             for k, s in enumerate(sentences):
                 if isinstance(s, dict) and isinstance(s.get("raw"), str) and s["raw"].strip():
-                    texts.append(s["raw"].strip())
+                    texts.append(s["raw"].strip() if strip else s["raw"])
                 else:
                     raise BenchmarkError(f"{path}: item {n}: sentence {k} has no non-empty 'raw' text")
             if not texts:
@@ -254,7 +261,7 @@ def read_karpathy(path: Path, split: str) -> list[tuple[str, list[str], bool]]:
         for n, item in enumerate(data):
             captions = _field(path, str(n), item, "caption", (list, str))
             captions = [captions] if isinstance(captions, str) else captions
-            rows.append((_field(path, str(n), item, "image"), [str(c).strip() for c in captions], _held(item)))
+            rows.append((_field(path, str(n), item, "image"), [str(c).strip() if strip else str(c) for c in captions], _held(item)))
     else:
         raise BenchmarkError(f"{path}: not a Karpathy JSON ({{'images': [...]}}) nor a list of {{image, caption}}")
     if not rows:
@@ -310,11 +317,25 @@ def imagenet_templates(kind: str) -> list:
     return list({"openai_imagenet": OPENAI_IMAGENET_TEMPLATES, "simple_imagenet": SIMPLE_IMAGENET_TEMPLATES}[kind])
 
 
+def looks_like_imagenet(folders: list[str]) -> bool:
+    """1,000 class folders, every one named like a WordNet id (n01440764): ImageNet's layout."""
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
+
+    return len(folders) == len(IMAGENET_CLASSNAMES) and all(WORDNET_ID.match(f) for f in folders)
+
+
 def readable_class_names(root: Path, folders: list[str], readable_names: str) -> list[str]:
-    """The names the prompts say, one per class folder: "folders" reads the folder name ('_' as a space);
-    "imagenet" gives open_clip's ImageNet class names (open_clip.zero_shot_metadata) to the 1000 WordNet-id
-    folders in sorted order (ImageNet's label order); anything else is a file under ``root`` of lines
-    ``<folder> <name>`` (ImageNet's LOC_synset_mapping.txt form: the name is the text up to its first comma)."""
+    """The names the prompts say, one per class folder: "auto" is "imagenet" for ImageNet's 1,000 WordNet-id
+    folders (:func:`looks_like_imagenet`; prompts never say "n01440764") and "folders" otherwise, saying which on
+    stderr; "folders" reads the folder name ('_' as a space); "imagenet" gives open_clip's ImageNet class names
+    (open_clip.zero_shot_metadata) to the 1000 WordNet-id folders in sorted order (ImageNet's label order);
+    anything else is a file under ``root`` of lines ``<folder> <name>`` (ImageNet's LOC_synset_mapping.txt form:
+    the name is the text up to its first comma)."""
+    if readable_names == "auto":
+        readable_names = "imagenet" if looks_like_imagenet(folders) else "folders"
+        print(f"evaluate: {root}: class names from "
+              + ("open_clip's ImageNet names (1,000 WordNet-id folders)" if readable_names == "imagenet" else "the folder names"),
+              file=sys.stderr)
     if readable_names == "folders":
         return [f.replace("_", " ") for f in folders]
     if readable_names == "imagenet":
@@ -329,7 +350,7 @@ def readable_class_names(root: Path, folders: list[str], readable_names: str) ->
         return list(IMAGENET_CLASSNAMES)
     path = root / readable_names
     if not path.is_file():
-        raise BenchmarkError(f"{path}: class-names file not found (readable_names is 'folders', 'imagenet' or a file under {root})")
+        raise BenchmarkError(f"{path}: class-names file not found (readable_names is 'auto', 'folders', 'imagenet' or a file under {root})")
     names = {}
     for n, line in enumerate(path.read_text().splitlines(), start=1):
         if line.strip():
@@ -345,7 +366,7 @@ def readable_class_names(root: Path, folders: list[str], readable_names: str) ->
 
 
 def zero_shot(root: Path, name: str, templates: list | str, classnames_file: str | None, held_out_file: str | None,
-              readable_names: str = "folders") -> Task:
+              readable_names: str = "auto") -> Task:
     """An image folder (one sub-folder per class), classified against prompt templates ("openai_imagenet" /
     "simple_imagenet": open_clip's) and readable class names (:func:`readable_class_names`) with open_clip's
     zero-shot classifier; top-1 and top-5."""
