@@ -65,6 +65,9 @@ def split_merged(chunk) -> list[tuple[int, int]]:
     return spans
 
 
+KIND_HEADS = frozenset({"kind", "kinds", "sort", "sorts", "type", "types"})
+
+
 def phrases_from_doc(doc, rules: PhraseRules) -> tuple[list[str], int]:
     """Concept phrases of a parsed caption, in order; also how many phrases were cut to max_words."""
     of_heads = {h.lower() for h in rules.of_heads}
@@ -77,9 +80,13 @@ def phrases_from_doc(doc, rules: PhraseRules) -> tuple[list[str], int]:
                 head = span[-1] if rules.split_merged_chunks else chunk.root
                 if rules.drop_pronouns and all(t.pos_ == "PRON" for t in span):
                     continue
+                if any(t.lower_ == "no" and t.tag_ == "DT" for t in span):
+                    continue  # "with no shoes": a thing the picture does not show
                 following = doc[end] if end < len(doc) else None
                 if head.lower_ in of_heads and following is not None and (following.lower_ == "of" or following.tag_ in NOUN_TAGS):
                     continue  # "a group of kids", "in front of a car": the object that follows is the concept
+                if head.lower_ in KIND_HEADS and start > 0 and doc[start - 1].lower_ == "of":
+                    continue  # "a tool of some kind": the head before "of" is the concept
                 words = span.text.split()  # also normalises whitespace (newlines, tabs, doubled spaces)
                 if not words:
                     continue

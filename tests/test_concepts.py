@@ -72,6 +72,16 @@ def test_of_heads_give_their_object_and_only_before_of_or_a_noun(nlp):
     assert kept == ["a group", "kids"]
 
 
+def test_negated_partitive_kind_and_abstract_chunks_are_not_concepts(nlp):
+    assert phrases(nlp, "A man with no shoes stands on a rug.") == ["a man", "a rug"]  # what is not there
+    assert phrases(nlp, "A pack of elephants crosses a river.") == ["elephants", "a river"]  # the members
+    assert phrases(nlp, "A school of fish swims past a swarm of bees.") == ["fish", "bees"]
+    assert phrases(nlp, "A man holds a tool of some kind.") == ["a man", "a tool"]  # the head before "of"
+    assert phrases(nlp, "A dog with a messy appearance sits on a bench.") == ["a dog", "a bench"]
+    assert phrases(nlp, "Two horses run in the same direction.") == ["Two horses"]
+    assert "no shoes" not in phrases(nlp, "A man with no shoes.", fallback_to_caption=False)
+
+
 def test_merged_chunks_are_split_at_a_list_but_not_inside_adjectives(nlp):
     assert phrases(nlp, "A large slice of pizza with cheese and marinara sauce on a plate.") == ["pizza", "cheese", "marinara sauce", "a plate"]
     assert phrases(nlp, "A black and brown dog sits.") == ["a black and brown dog"]
@@ -81,6 +91,9 @@ def test_merged_chunks_are_split_at_a_list_but_not_inside_adjectives(nlp):
 def test_phrase_key_and_gold_quality_by_hand():
     assert concepts.phrase_key("His two  Other DOGS") == "dogs"
     assert concepts.phrase_key("the") == "the"  # a lone leading word stays: nothing to compare otherwise
+    # numbers go whether written in words or digits: "6 plates" is the concept "plates", as "six plates" is
+    assert concepts.phrase_key("6 plates") == concepts.phrase_key("six plates") == concepts.phrase_key("plates") == "plates"
+    assert concepts.phrase_key("the 2,000 runners") == "runners" and concepts.phrase_key("7") == "7"
     # caption 1: {dog, ball} vs gold {dog, park}; caption 2: {cat} (twice) vs gold {cat}
     q = concepts.gold_quality([["a dog", "the ball"], ["a cat", "another cat"]], [["dog", "park"], ["cat"]])
     assert q["precision"] == pytest.approx(2 / 3) and q["recall"] == pytest.approx(2 / 3)

@@ -36,6 +36,26 @@ def test_an_answer_becomes_phrases_under_the_same_rules_as_spacys():
     assert phrases_from_answer("  \n - \n: : :\n42", rules) == ([], 0)
 
 
+def test_degenerate_answers_are_no_phrases_and_fall_back_to_the_caption(lm, monkeypatch):
+    rules = PhraseRules()
+    for answer in ("and and and and", "the of and\nto the", "red ball red ball red ball red ball", "a a", "..., ;;"):
+        assert phrases_from_answer(answer, rules) == ([], 0), answer
+    assert phrases_from_answer("a red ball\nand and and and\na blue box", rules)[0] == ["a red ball", "a blue box"]
+    assert phrases_from_answer("a big big dog", rules)[0] == ["a big big dog"]  # a repeat inside a phrase is not a loop
+    extractor = LlmPhraseExtractor(LlmExtractorParams(model=str(lm)))
+    monkeypatch.setattr(extractor, "answers", lambda texts: ["and and and and" for _ in texts])  # a broken model
+    params = ConceptsParams(extractor="llm", llm=LlmExtractorParams(model=str(lm)))
+    result = next(extractor.extract(["a red circle above a blue square"], params, concepts.prepare_caption))
+    assert result["phrases"] == ["a red circle above a blue square"] and result["fallback"]
+
+
+def test_the_tiny_lm_is_the_same_model_on_every_run(tmp_path):
+    captions = ["a red circle above a blue square", "two small green triangles"]
+    first = LlmPhraseExtractor(LlmExtractorParams(model=str(tiny_causal_lm(tmp_path / "a")), max_new_tokens=6))
+    second = LlmPhraseExtractor(LlmExtractorParams(model=str(tiny_causal_lm(tmp_path / "b")), max_new_tokens=6))
+    assert first.answers(captions) == second.answers(captions)
+
+
 def test_the_tiny_lm_answers_in_batches_and_an_empty_answer_falls_back_to_the_caption(lm, monkeypatch):
     extractor = LlmPhraseExtractor(LlmExtractorParams(model=str(lm), max_new_tokens=5, batch_size=2))
     captions = ["a red circle above a blue square", "two small green triangles", "a yellow cross", ""]

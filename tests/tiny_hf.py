@@ -41,10 +41,13 @@ def tiny_bert(folder: Path) -> Path:
     return folder
 
 
-def tiny_causal_lm(folder: Path) -> Path:
-    """A 2-layer GPT-2 (width 32) with a word-level tokenizer and a chat template, saved to ``folder``."""
+def tiny_causal_lm(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer GPT-2 (width 32) with a word-level tokenizer and a chat template, saved to ``folder``; its random
+    weights come from ``seed``, so what it generates is the same on every run."""
+    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    torch.manual_seed(seed)
     tokenizer, size = _word_tokenizer(SPECIAL, pad_token="[PAD]", eos_token="</s>", bos_token="<s>")
     tokenizer.chat_template = CHAT_TEMPLATE
     config = GPT2Config(vocab_size=size, n_embd=32, n_layer=2, n_head=2, n_positions=256,

@@ -19,10 +19,24 @@ _LIST_MARK = re.compile(r"^\s*(?:[-*•·]+|\d+[.)]|\(\d+\))\s*")
 PRONOUNS = frozenset("i me you he him she her it we us they them this that these those something someone it's".split())
 
 
+def degenerate(words: list[str]) -> bool:
+    """What a broken or looping model writes instead of a phrase: only stop words ("and the of"), one word
+    repeated ("and and and and"), or a tail that loops (four or more words, at most half of them distinct:
+    "red ball red ball red ball")."""
+    from spacy.lang.en.stop_words import STOP_WORDS
+
+    lowered = [w.lower().strip("\"'`.:!?()") for w in words]
+    if all(w in STOP_WORDS or not any(c.isalpha() for c in w) for w in lowered):
+        return True
+    distinct = len(set(lowered))
+    return (len(lowered) > 1 and distinct == 1) or (len(lowered) >= 4 and distinct <= len(lowered) // 2)
+
+
 def phrases_from_answer(answer: str, rules) -> tuple[list[str], int]:
-    """The phrases of one answer (a line, comma or semicolon each), list marks and quotes removed, pronouns and
-    letterless pieces dropped, then the rules spaCy's phrases pass too (``rules``: PhraseRules,
-    :func:`~components.data.phrase_quality.filter_phrases`); also how many were cut to max_words."""
+    """The phrases of one answer (a line, comma or semicolon each), list marks and quotes removed, pronouns,
+    letterless and degenerate pieces (:func:`degenerate`) dropped, then the rules spaCy's phrases pass too
+    (``rules``: PhraseRules, :func:`~components.data.phrase_quality.filter_phrases`); also how many were cut to
+    max_words. An answer with nothing left falls back to the caption (the extractor's fallback)."""
 
     def candidates():
         for piece in re.split(r"[\n;,]", answer):
@@ -30,6 +44,8 @@ def phrases_from_answer(answer: str, rules) -> tuple[list[str], int]:
             if not words or not any(c.isalpha() for c in "".join(words)):  # a phrase names something: it has a letter
                 continue
             if rules.drop_pronouns and all(w.lower() in PRONOUNS for w in words):
+                continue
+            if degenerate(words):
                 continue
             yield words, words[-1]
 

@@ -5,6 +5,7 @@ bench/concepts_llm.py). Pure functions of strings."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 DETERMINERS = ("a ", "an ", "the ", "this ", "that ", "these ", "those ")
@@ -77,11 +78,14 @@ GOLD_LEADING_WORDS = frozenset(
 )
 
 
+NUMBER = re.compile(r"^\d[\d,.]*$")
+
+
 def phrase_key(phrase: str) -> str:
     """How a phrase is compared with the gold set's: lower-case, single spaces, leading determiners,
-    possessives and quantifiers dropped."""
+    possessives and quantifiers dropped — numbers too, in words or digits ("two zebras", "6 plates")."""
     words = phrase.lower().split()
-    while len(words) > 1 and words[0] in GOLD_LEADING_WORDS:
+    while len(words) > 1 and (words[0] in GOLD_LEADING_WORDS or NUMBER.match(words[0])):
         words = words[1:]
     return " ".join(words)
 

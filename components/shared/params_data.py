@@ -228,6 +228,8 @@ class PhraseRules(Strict):
             # activities ("playing a game", "doing a trick"), amounts ("in half")
             "air", "day", "night", "today", "time", "distance", "wild", "home", "display", "half", "trick", "game",
             "lunch", "dinner", "breakfast",
+            # qualities and ways, not things ("a messy appearance", "the same direction", "in a playful manner")
+            "appearance", "direction", "directions", "way", "manner", "fashion", "motion", "attempt",
         ],
         description="Chunks whose head noun is one of these are dropped ('a plain white background', 'the air').",
     )
@@ -237,6 +239,9 @@ class PhraseRules(Strict):
             "group", "groups", "herd", "flock", "bunch", "couple", "pair", "trio", "lots", "lot", "assortment",
             "variety", "number", "copse", "set", "sets", "row", "rows", "slice", "piece", "pieces", "bite", "swirl",
             "body", "kind", "kinds", "type", "types", "sort", "array", "selection", "collection", "pile", "stack",
+            # collective nouns ("a pack of elephants" -> "elephants")
+            "pack", "packs", "school", "swarm", "crowd", "crowds", "team", "pod", "litter", "gaggle", "troop", "colony",
+            "bundle", "cluster", "batch", "handful", "fleet", "line", "lines", "herds", "flocks",
             # parts and sides: the whole is the concept ("in front of a car" -> "car", "the back of a sofa")
             "front", "back", "side", "edge", "corner", "end", "rest", "part", "inside", "outside",
             # the medium: what it shows is the concept ("a drawing of a woman" -> "woman")
