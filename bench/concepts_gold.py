@@ -52,7 +52,7 @@ def main() -> int:
             print(f"{label:>15} ({q['captions']} captions, {q['labelled']} labelled phrases), rules {name:>6}: "
                   f"{q['extracted']} extracted, precision {q['precision']:.3f}, recall {q['recall']:.3f}")
             if args.errors and name == "now":
-                for g, phrases in zip(gold, extracted):
+                for g, phrases in zip(gold, extracted, strict=True):
                     got, want = {phrase_key(x) for x in phrases}, {phrase_key(x) for x in g["phrases"]}
                     if got != want:
                         print(f"    {g['id']}: {g['caption']}\n        extra: {sorted(got - want)}  missed: {sorted(want - got)}")

@@ -68,7 +68,7 @@ def main() -> int:
         phrases[name], fallback, seconds = run(nlp, captions, params)
         per = sum(map(len, phrases[name])) / len(captions)
         print(f"  {name:>5}: {per:.2f} phrases/caption, {fallback} fell back to the caption, {len(captions) / seconds:.1f} captions/s")
-    sets = [({phrase_key(p) for p in a}, {phrase_key(p) for p in b}) for a, b in zip(phrases["spacy"], phrases["llm"])]
+    sets = [({phrase_key(p) for p in a}, {phrase_key(p) for p in b}) for a, b in zip(phrases["spacy"], phrases["llm"], strict=True)]
     jaccard = sum(len(a & b) / len(a | b) if a | b else 1.0 for a, b in sets) / len(sets)
     print(f"  agreement: mean Jaccard {jaccard:.3f}, identical sets {sum(a == b for a, b in sets) / len(sets):.3f}")
     for path in GOLD:

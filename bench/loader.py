@@ -38,7 +38,7 @@ def write_shards(root: Path, images: int, size: int) -> tuple[list[str], dict[st
         "shard_size": 256, "workers": 1, "shapesworld": {"train_images": images, "test_images": 0, "image_size": size}})
     captions_stage.run(params)
     manifest = pq.read_table(root / "captions" / "manifest.parquet").to_pandas()
-    phrases = {k: list(p) for k, p in zip(manifest.key, manifest.object_phrases)}
+    phrases = {k: list(p) for k, p in zip(manifest.key, manifest.object_phrases, strict=True)}
     return sorted(str(p) for p in (root / "captions" / "train").glob("*.tar")), phrases
 
 

@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def synthetic_batch(batch: int, image_size: int, context: int, phrases_per_image: int, vocab: int, device,
                     phrase_length: int | None = None) -> dict:
     g = torch.Generator().manual_seed(0)
-    tokens = lambda n, length=context: torch.randint(1, vocab - 1, (n, length), generator=g)
+    def tokens(n, length=context):
+        return torch.randint(1, vocab - 1, (n, length), generator=g)
+
     owners = torch.arange(batch).repeat_interleave(phrases_per_image)
     return {
         "images": torch.randn(batch, 3, image_size, image_size, generator=g).to(device),
@@ -87,8 +89,8 @@ def measure(method: str, args, device, phrase_length: int | None = None) -> dict
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / args.steps
-    result = {"method": method + (f" (phrases at {phrase_length})" if phrase_length else ""), "samples_per_s": args.batch / seconds, "step_s": seconds, "tflops_per_step": flops / 1e12,
-              "mfu": flops / seconds / (args.peak_tflops * 1e12)}
+    result = {"method": method + (f" (phrases at {phrase_length})" if phrase_length else ""), "samples_per_s": args.batch / seconds,
+              "step_s": seconds, "tflops_per_step": flops / 1e12, "mfu": flops / seconds / (args.peak_tflops * 1e12)}
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return result
@@ -107,7 +109,8 @@ def main() -> None:
     parser.add_argument("--phrase-length", type=int, default=16,
                         help="also time c2lip with phrases trimmed to this many tokens (method.phrase_context: trimmed; 0: skip)")
     args = parser.parse_args()
-    os.environ.update({k: v for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29571").items() if k not in os.environ})
+    one_process = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29571")
+    os.environ.update({k: v for k, v in one_process.items() if k not in os.environ})
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo" if args.cpu else "nccl")

@@ -99,7 +99,7 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
         objects = meta["objects"]
         shows_held = meta["has_held_out_pair"]
 
-        def rng_for(tag: int) -> np.random.Generator:
+        def rng_for(tag: int, index: int = index) -> np.random.Generator:  # bound now: called within this image's turn
             return np.random.default_rng([params.seed, tag, index])
 
         base = rules.describe_scene(meta, rng_for(0))

@@ -252,7 +252,7 @@ def contact_sheet(params: CaptionsParams, path: Path, count: int = 12, columns: 
     fig, axes = plt.subplots(rows, columns, figsize=(4.0 * columns, 5.2 * rows + 1.2), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    for ax, sample in zip(axes.flat, samples):
+    for ax, sample in zip(axes.flat, samples, strict=False):
         meta = json.loads(sample["json"])
         ax.imshow(Image.open(io.BytesIO(sample["jpg"])), interpolation="nearest")
         caps = meta["captions"]

@@ -21,10 +21,11 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow.parquet as pq
 import yaml
@@ -32,7 +33,18 @@ from tqdm import tqdm
 
 from components.data.shapesworld_grammar import parse_object_phrase
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
-from components.shared.params import ROOT, SHAPESWORLD_SUITE, CompareParams, EvaluateParams, ParamsError, TrainParams, deep_merge, load_params, read_yaml, validate_params
+from components.shared.params import (
+    ROOT,
+    SHAPESWORLD_SUITE,
+    CompareParams,
+    EvaluateParams,
+    ParamsError,
+    TrainParams,
+    deep_merge,
+    load_params,
+    read_yaml,
+    validate_params,
+)
 from components.shared.processes import stage_process_setup
 from components.shared.stage_code import stage_code
 from components.suite.compare_report import TRAIN_COLUMNS, aggregate, chart, logit_chart, markdown
@@ -125,7 +137,7 @@ def world_figures(manifest: Path) -> dict[str, float]:
     if not Path(manifest).is_file():
         return {}
     table = pq.read_table(manifest, columns=["split", "object_phrases"]).to_pydict()
-    phrases = [p for s, p in zip(table["split"], table["object_phrases"]) if s == "train" and p]
+    phrases = [p for s, p in zip(table["split"], table["object_phrases"], strict=True) if s == "train" and p]
     if not phrases:
         return {}
     mentions = [[parse_object_phrase(x) for x in image] for image in phrases]
@@ -222,7 +234,7 @@ class Suite:
     not_applicable: list[str]
 
     @classmethod
-    def load(cls, params: EvaluateParams, not_applicable: list[str] | None = None) -> "Suite":
+    def load(cls, params: EvaluateParams, not_applicable: list[str] | None = None) -> Suite:
         from components import evaluate
 
         tasks = evaluate.load_suite(params)

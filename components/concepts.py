@@ -168,7 +168,7 @@ def join_recaptions(table: pa.Table, params: ConceptsParams) -> pa.Table:
     recaptions = read_parquet(path)
     if params.caption_field not in recaptions.column_names:
         return table  # read_manifest names the missing column
-    by_key = dict(zip(recaptions["key"].to_pylist(), recaptions[params.caption_field].to_pylist()))
+    by_key = dict(zip(recaptions["key"].to_pylist(), recaptions[params.caption_field].to_pylist(), strict=True))
     return table.append_column(params.caption_field, pa.array([by_key.get(k) for k in table["key"].to_pylist()], pa.string()))
 
 
@@ -195,7 +195,7 @@ def read_manifest(params: ConceptsParams) -> pa.Table:
             raise ConceptsError(f"{path}: shard {shard!r} is not <split>/<file name>")
     captions = table[params.caption_field]
     if not (pa.types.is_string(captions.type) or pa.types.is_large_string(captions.type)):
-        for key, value in zip(table["key"].to_pylist(), captions.to_pylist()):
+        for key, value in zip(table["key"].to_pylist(), captions.to_pylist(), strict=True):
             if value is not None and not isinstance(value, str):
                 raise ConceptsError(f"{path}: caption {params.caption_field!r} of key {key!r} is a {type(value).__name__}, not a string")
     return table

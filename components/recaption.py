@@ -36,7 +36,16 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from components.data.captioners import CaptionInput, Failure, make_captioner
-from components.shared.atomic import CorruptFileError, atomic_write_bytes, check_entry_name, atomic_write_json, atomic_write_parquet, fingerprint, read_parquet, resume_or_restart
+from components.shared.atomic import (
+    CorruptFileError,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_parquet,
+    check_entry_name,
+    fingerprint,
+    read_parquet,
+    resume_or_restart,
+)
 from components.shared.params import ParamsError, RecaptionParams, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.redact import one_line, redact
@@ -65,7 +74,7 @@ def read_manifest(params: RecaptionParams) -> dict[str, dict[str, str]]:
     if missing:
         raise RecaptionError(f"{path}: no rows of split(s) {sorted(missing)}; it has {sorted(set(rows['split']))}")
     shards: dict[str, dict[str, str]] = {}
-    for key, split, shard, text in zip(rows["key"], rows["split"], rows["shard"], rows[params.source_field]):
+    for key, split, shard, text in zip(rows["key"], rows["split"], rows["shard"], rows[params.source_field], strict=True):
         if split in params.splits:
             parts = Path(str(shard)).parts  # each names an output file: <split>/<name>, nothing else (as concepts checks)
             try:
@@ -176,7 +185,7 @@ def recaption_shard(params: RecaptionParams, captioner, shard: str, wanted: dict
     batch: list[CaptionInput] = []
 
     def flush() -> None:
-        for item, result in zip(batch, caption_batch(captioner, batch)):
+        for item, result in zip(batch, caption_batch(captioner, batch), strict=True):
             record(item, result)
         batch.clear()
 
@@ -311,7 +320,7 @@ def contact_sheet(params: RecaptionParams, shards: dict[str, dict[str, str]], co
 
     plt = pyplot()
     first = next(iter(shards))
-    new = dict(zip(*read_parquet(part_paths(params, first)[0], columns=["key", params.field]).to_pydict().values()))
+    new = dict(zip(*read_parquet(part_paths(params, first)[0], columns=["key", params.field]).to_pydict().values(), strict=True))
     shown = []
     for sample in wds.tariterators.tarfile_samples([{"url": str(params.manifest.parent / first)}]):
         shown.append((sample["__key__"], sample["jpg"]))
@@ -321,7 +330,7 @@ def contact_sheet(params: RecaptionParams, shards: dict[str, dict[str, str]], co
     fig, axes = plt.subplots(rows, columns, figsize=(4.0 * columns, 5.0 * rows + 1.0), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    for ax, (key, jpg) in zip(axes.flat, shown):
+    for ax, (key, jpg) in zip(axes.flat, shown, strict=False):
         try:
             ax.imshow(Image.open(io.BytesIO(jpg)).convert("RGB"), interpolation="nearest")
         except Exception:  # noqa: BLE001 - an unreadable image (counted in the stats) is shown as such

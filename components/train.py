@@ -53,7 +53,17 @@ from components.method.models import model_config, trims_phrases
 from components.method.module import TrainingModule
 from components.method.optim import build_model, calibrate_logits, lr_factor, param_groups
 from components.shared.atomic import CorruptFileError, atomic_write_json, fingerprint, remove_inside
-from components.shared.checkpoints import EXPORT_CONFIG, HISTORY_FILE, RNG_FILE, check_export, check_weights_file, export_model, intact_checkpoint, save_checkpoint, set_rng_state
+from components.shared.checkpoints import (
+    EXPORT_CONFIG,
+    HISTORY_FILE,
+    RNG_FILE,
+    check_export,
+    check_weights_file,
+    export_model,
+    intact_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
 from components.shared.distributed import deepspeed_config, launch, prepare_deepspeed_comm, world_size_for
 from components.shared.params import ParamsError, TrainParams, flatten_params, load_params
 from components.shared.processes import stage_process_setup

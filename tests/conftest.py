@@ -107,7 +107,10 @@ def make_clone(tmp_path: Path, train_steps: int = 2) -> tuple[Path, dict]:
                  "models/base", "metrics/base.json", "metrics/base_loss.json", "data/sources"):
         src = REPO / name
         (work / name).parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name, **({"ignore": shutil.ignore_patterns("checkpoints", "__pycache__")} if src.is_dir() else {}))
+        if src.is_dir():
+            shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("checkpoints", "__pycache__"))
+        else:
+            shutil.copy(src, work / name)
     for leftover in ("tmp", "cache"):
         shutil.rmtree(work / ".dvc" / leftover, ignore_errors=True)
     (work / ".venv").symlink_to(REPO / ".venv")  # dvc.yaml runs .venv/bin/python, as in a checkout `make` set up

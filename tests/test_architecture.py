@@ -48,7 +48,8 @@ def _dvc_stages() -> dict[str, tuple[str, list[str]]]:
     out = {}
     for name, stage in stages.items():
         m = re.match(r"\.venv/bin/python -m (components\.\w+)", stage["cmd"])
-        assert m, f"dvc.yaml stage {name}: cmd {stage['cmd']!r} is not `.venv/bin/python -m components.<stage>` (the project's interpreter, whatever PATH dvc runs with)"
+        assert m, (f"dvc.yaml stage {name}: cmd {stage['cmd']!r} is not `.venv/bin/python -m components.<stage>` "
+                   "(the project's interpreter, whatever PATH dvc runs with)")
         out[name] = (m[1], stage.get("deps", []))
     return out
 

@@ -58,7 +58,7 @@ def test_same_bytes_for_any_worker_count(tmp_path):
     run(two)
     tars_one, tars_two = _tars(one), _tars(two)
     assert [t.relative_to(one.output_dir) for t in tars_one] == [t.relative_to(two.output_dir) for t in tars_two]
-    for a, b in zip(tars_one, tars_two):
+    for a, b in zip(tars_one, tars_two, strict=False):
         assert a.read_bytes() == b.read_bytes()
     assert pq.read_table(one.output_dir / "manifest.parquet").equals(pq.read_table(two.output_dir / "manifest.parquet"))
 
@@ -111,7 +111,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
     run(reference)
     killed = sorted((tmp_path / "killed" / "train").glob("*.tar"))
     assert len(killed) == 30
-    for a, b in zip(killed, _tars(reference)):
+    for a, b in zip(killed, _tars(reference), strict=False):
         assert a.read_bytes() == b.read_bytes(), a.name
     assert json.loads((tmp_path / "killed.json").read_text())["samples_written"] == 3000
 

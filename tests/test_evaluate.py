@@ -432,7 +432,7 @@ def test_order_perturbations_follow_aros_rules():
 
     caption = "a large red circle left of a small blue square"
     words = caption.split()
-    doc = [_Token(w, t) for w, t in zip(words, ["DT", "JJ", "JJ", "NN", "VBN", "IN", "DT", "JJ", "JJ", "NN"])]
+    doc = [_Token(w, t) for w, t in zip(words, ["DT", "JJ", "JJ", "NN", "VBN", "IN", "DT", "JJ", "JJ", "NN"], strict=True)]
     nouns, adjectives = [3, 9], [1, 2, 7, 8]
     rest = [k for k in range(len(words)) if k not in nouns + adjectives]
     seen_swap = False
@@ -491,7 +491,7 @@ def test_order_draws_are_aros_own_for_its_seed_and_call_order():
         random.shuffle(groups)
         expected.append([" ".join(one), " ".join(two), three, " ".join(" ".join(g) for g in groups)])
     np_rng, py_rng = np.random.RandomState(1), random.Random(1)
-    got = [aro.order_perturbations(c, doc, np_rng, py_rng) for c, doc in zip(captions, nlp.pipe(captions))]
+    got = [aro.order_perturbations(c, doc, np_rng, py_rng) for c, doc in zip(captions, nlp.pipe(captions), strict=True)]
     assert got == expected
     assert "well-dressed" in got[0][2].split() and "``" in got[0][2].split()  # NLTK's tokens, not spaCy's
 
@@ -593,7 +593,8 @@ def test_evaluate_params_reject_bad_model_specs():
     with pytest.raises(ParamsError, match=r"names must be unique, \['a'\] repeat"):
         validate_params("evaluate", {"models": [{"name": "a", "uri": "x"}, {"name": "a", "uri": "y"}]})
     with pytest.raises(ParamsError, match="every benchmark is disabled"):
-        off = {k: {"enabled": False, "data_root": "x"} for k in ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval", "long_captions")}
+        names = ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "retrieval", "long_captions")
+        off = {k: {"enabled": False, "data_root": "x"} for k in names}
         validate_params("evaluate", {"benchmarks": off})
     with pytest.raises(ParamsError, match=r"benchmarks.zero_shot: .*exactly one"):
         validate_params("evaluate", {"benchmarks": {"zero_shot": {"data_root": "x", "templates": ["no slot"]}}})

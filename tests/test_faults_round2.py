@@ -275,8 +275,8 @@ def test_custom_model_code_is_refused_everywhere_even_with_yes_on_stdin(tmp_path
     import io
 
     from components import concepts, recaption
-    from components.shared.checkpoints import refuse_export_code
     from components.method.models import TINY_CLIP, create_model
+    from components.shared.checkpoints import refuse_export_code
     from components.shared.params import ConceptsParams
     from components.shared.params_train import HFTextTowerParams
     from components.shared.safe_load import RemoteCodeRefused

@@ -45,7 +45,7 @@ def test_shapesworld_negatives_are_false_and_positives_keep_the_meaning():
     for index in range(60):
         meta = sw.scene_metadata(sw.sample_scene(world, 0, "train", index, held), held)
 
-        def negatives(seed):
+        def negatives(seed, meta=meta):
             rng = np.random.default_rng(seed)
             desc = rules.describe_scene(meta, rng)
             pairs = [rules.negative_for(kind, desc, meta, rng, world) for kind in he.SWAP_AND_REPLACE]

@@ -227,7 +227,7 @@ def test_xac_loss_and_gradients_match_a_per_phrase_loop(chunk, temperature):
     slow = _xac_loop(tokens, phrases, owner, s, b, temperature)
     grads_slow = torch.autograd.grad(slow, inputs)
     assert torch.allclose(fast, slow, atol=1e-5)
-    for gf, gs in zip(grads_fast, grads_slow):
+    for gf, gs in zip(grads_fast, grads_slow, strict=True):
         assert torch.allclose(gf, gs, atol=1e-5)
 
 
@@ -265,7 +265,7 @@ def test_concept_losses_on_bf16_features_agree_with_fp32():
         results[dtype] = (npc.item(), xac.item(), [gr.float().flatten() for gr in grads])
     (n32, x32, g32), (n16, x16, g16) = results[torch.float32], results[torch.bfloat16]
     assert abs(n16 - n32) / n32 < 1e-2 and abs(x16 - x32) / x32 < 1e-2
-    for a, c in zip(g32, g16):
+    for a, c in zip(g32, g16, strict=True):
         assert F.cosine_similarity(a, c, dim=0) >= 0.999
 
 

@@ -38,8 +38,9 @@ def test_multi_positive_loss_is_siglip_and_clip_with_one_caption_per_image():
     images, texts = _features(5, 0), _features(5, 1)
     scale, bias = torch.tensor(7.0), torch.tensor(-3.0)
     eye, query = torch.eye(5, dtype=torch.bool), torch.ones(5, dtype=torch.bool)
-    assert torch.allclose(losses.multi_positive_contrastive(images, texts, eye, query, scale, bias, "sigmoid"), losses.sigmoid_contrastive(images, texts, scale, bias))
-    assert torch.allclose(losses.multi_positive_contrastive(images, texts, eye, query, scale, bias, "softmax"), losses.softmax_contrastive(images, texts, scale, bias))
+    multi = losses.multi_positive_contrastive
+    assert torch.allclose(multi(images, texts, eye, query, scale, bias, "sigmoid"), losses.sigmoid_contrastive(images, texts, scale, bias))
+    assert torch.allclose(multi(images, texts, eye, query, scale, bias, "softmax"), losses.softmax_contrastive(images, texts, scale, bias))
 
 
 def test_hard_positive_and_negative_terms_by_hand():
@@ -83,7 +84,8 @@ def test_the_loss_module_makes_a_hard_positive_a_positive_of_its_own_image():
     positive = torch.zeros(3, 5, dtype=torch.bool)
     positive[:, :3] = torch.eye(3, dtype=torch.bool)
     positive[2, 3] = True
-    want = losses.multi_positive_contrastive(images, torch.cat([texts, extras]), positive, torch.tensor([1, 1, 1, 1, 0], dtype=torch.bool), scale, bias, "softmax")
+    query = torch.tensor([1, 1, 1, 1, 0], dtype=torch.bool)
+    want = losses.multi_positive_contrastive(images, torch.cat([texts, extras]), positive, query, scale, bias, "softmax")
     assert torch.allclose(got, want)
 
 
@@ -142,7 +144,7 @@ def test_caption_negatives_are_false_and_positives_true_of_the_scene():
 def test_a_positive_survives_every_scene_where_the_caption_holds():
     """Meaning preserved, not merely truth in one scene: the rewrite and the caption agree in 60 other scenes."""
     scenes = list(_scenes(60))
-    for meta, captions, _ in scenes[:20]:
+    for _meta, captions, _ in scenes[:20]:
         parsed = he.parse_shapes_caption(captions["long"])
         for positive in he.caption_positives(parsed).values():
             assert all(positive.holds(other) == parsed.holds(other) for other, _, _ in scenes)
@@ -157,7 +159,7 @@ def test_clic_positives_and_the_exact_shapesworld_negative():
     rng = np.random.default_rng(0)
     scenes = list(_scenes(60))
     swapped = exchanged = 0
-    for (meta_a, cap_a, _), (meta_b, cap_b, _) in zip(scenes, scenes[1:]):
+    for (meta_a, cap_a, _), (meta_b, cap_b, _) in zip(scenes, scenes[1:], strict=False):
         first, second = stream.split_sentences(cap_a["long"]), stream.split_sentences(cap_b["long"])
         p1, p2, p3, p4 = he.clic_positives(first, second, rng)
         assert p1 == f"{first[0]} {second[0]}" and p2 == f"{second[0]} {first[0]}"
@@ -167,7 +169,7 @@ def test_clic_positives_and_the_exact_shapesworld_negative():
         tokens = he.shapesworld_tokens(first[0], meta_a), he.shapesworld_tokens(second[0], meta_b)
         unchecked = he.clic_negative(first[0], second[0], *tokens, np.random.default_rng(0))
         negative = he.clic_negative(first[0], second[0], *tokens, rng,
-                                    is_false=lambda x, y: he.shapesworld_pair_negative_is_false(x, y, meta_a, meta_b))
+                                    is_false=lambda x, y, a=meta_a, b=meta_b: he.shapesworld_pair_negative_is_false(x, y, a, b))
         facts = [(sw.NUMBER_WORDS[len(m["objects"])], m["background"]) for m in (meta_a, meta_b)]
         if negative is None:  # no swap changes the meaning: the two first sentences share their count or background
             assert facts[0][0] == facts[1][0] or facts[0][1] == facts[1][1]
@@ -238,7 +240,7 @@ def _batches(params: TrainParams, tmp_path, n: int, accumulation: int = 1):
     shards = stream.expand_shards(params.data.shards)
     phrases = stream.load_phrases(params.data.concepts_dir)
     data = stream.TrainBatches(params, shards, 0, 1, 0, transform, tokenizer, phrases, method_for(params.method.name).make_batch, accumulation)
-    return [b for _, b in zip(range(n), iter(data))], tokenizer
+    return [b for _, b in zip(range(n), iter(data), strict=False)], tokenizer
 
 
 def test_negclip_and_hp_hn_batches_hold_each_captions_hard_examples(tiny_data, tmp_path):

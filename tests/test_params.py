@@ -110,7 +110,7 @@ def test_bad_values_name_file_key_and_reason(tmp_path, text, key, reason):
         load_params("captions", path)
     message = str(info.value)
     assert str(path) in message
-    line = next(l for l in message.splitlines() if l.strip().startswith(key + ":"))
+    line = next(text for text in message.splitlines() if text.strip().startswith(key + ":"))
     assert reason in line, message
 
 

@@ -48,7 +48,7 @@ def test_the_oracle_writes_each_scenes_dense_description_beside_the_untouched_sh
     assert [r["key"] for r in manifest] == [r["key"] for r in train] and {r["status"] for r in manifest} == {"ok"}
     # every recaption states exactly the scene: parsed back by the world's grammar, each claim holds and every
     # object is named
-    for row, source in zip(manifest, train):
+    for row, source in zip(manifest, train, strict=True):
         parsed = grammar.parse_shapes_caption(row["recaption"])
         assert parsed is not None, row["recaption"]
         assert sorted(parsed.pairs()) == sorted((p.split()[2], p.split()[3]) for p in source["object_phrases"])

@@ -135,10 +135,10 @@ def test_the_data_stream_resumes_at_the_same_batch_with_the_same_crops_for_any_w
     full = _batches(tiny_data, tmp_path, start=0, count=12, workers=0)  # 12 × 8 > 64: crosses an epoch
     resumed = _batches(tiny_data, tmp_path, start=9, count=3, workers=0)
     two_workers = _batches(tiny_data, tmp_path, start=0, count=5, workers=2)
-    for a, b in zip(full[9:], resumed):
+    for a, b in zip(full[9:], resumed, strict=False):
         assert torch.equal(a["images"], b["images"]) and torch.equal(a["texts"], b["texts"])
         assert torch.equal(a["phrase_tokens"], b["phrase_tokens"]) and torch.equal(a["phrase_image_index"], b["phrase_image_index"])
-    for a, b in zip(full, two_workers):
+    for a, b in zip(full, two_workers, strict=False):
         assert torch.equal(a["images"], b["images"]) and torch.equal(a["texts"], b["texts"])
     # epochs differ in order, and phrase owners index into the batch
     assert not torch.equal(full[0]["texts"], full[8]["texts"])
@@ -167,7 +167,7 @@ def test_sentence_sampling_shortens_the_training_captions(tiny_data, tmp_path):
     full = _batches(tiny_data, tmp_path, start=0, count=2, workers=0)
     sampled = _batches(tiny_data, tmp_path, start=0, count=2, workers=0, sentence_sampling={"min_sentences": 1, "max_sentences": 2})
     again = _batches(tiny_data, tmp_path, start=0, count=2, workers=0, sentence_sampling={"min_sentences": 1, "max_sentences": 2})
-    for a, b, c in zip(full, sampled, again):
+    for a, b, c in zip(full, sampled, again, strict=False):
         lengths_full, lengths_sampled = (a["texts"] != 0).sum(1), (b["texts"] != 0).sum(1)
         assert (lengths_sampled <= lengths_full).all() and (lengths_sampled < lengths_full).any()
         assert torch.equal(b["texts"], c["texts"])  # the same batches for the same seed
@@ -179,7 +179,7 @@ def test_single_object_samples_train_on_their_own_caption_field(tiny_data, tmp_p
                                                                               "single_object_caption_field": "short"}))
     shards = stream.expand_shards(params.data.shards)
     dataset = stream.TrainBatches(params, shards, 0, 1, 0, None, None, None, None)
-    samples = [s for s, _ in zip(stream.sample_stream(shards, 0, 0, 1, 4), range(40))]
+    samples = [s for s, _ in zip(stream.sample_stream(shards, 0, 0, 1, 4), range(40), strict=False)]
     counts = {1: 0, 2: 0}
     for _, meta, caption, _ in dataset.decode(samples):
         single = len(meta["objects"]) == 1
@@ -192,7 +192,9 @@ def test_single_object_samples_train_on_their_own_caption_field(tiny_data, tmp_p
 
 def test_ranks_read_disjoint_shards(tiny_data, tmp_path):
     shards = stream.expand_shards([str(tiny_data / "captions" / "train" / "*.tar")])
-    take = lambda rank: [s["__key__"] for s, _ in zip(stream.sample_stream(shards, 0, rank, 2, 4), range(20))]
+    def take(rank):
+        return [s["__key__"] for s, _ in zip(stream.sample_stream(shards, 0, rank, 2, 4), range(20), strict=False)]
+
     assert not set(take(0)) & set(take(1))
 
 
@@ -206,7 +208,7 @@ def test_param_groups_and_schedule():
     assert sum(len(g["params"]) for g in (decay, no_decay, logit)) == len(list(model.parameters()))
     f = [optim.lr_factor(s, 100, 10, 0.1) for s in range(100)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0) and f[10] == pytest.approx(1.0)
-    assert f[99] == pytest.approx(0.1, abs=1e-3) and all(a >= b for a, b in zip(f[10:], f[11:]))
+    assert f[99] == pytest.approx(0.1, abs=1e-3) and all(a >= b for a, b in zip(f[10:], f[11:], strict=False))
 
 
 def test_a_checkpoint_with_a_0dim_logit_scale_loads_into_the_1dim_model(tmp_path):
@@ -408,7 +410,9 @@ def test_a_float16_export_halves_the_file_and_loads_into_a_float32_model(tmp_pat
     model.eval()
     full = checkpoints.export_model(model, TINY_RN, tmp_path / "fp32")
     half = checkpoints.export_model(model, TINY_RN, tmp_path / "fp16", "float16")
-    size = lambda d: (d / checkpoints.EXPORT_WEIGHTS).stat().st_size
+    def size(folder):
+        return (folder / checkpoints.EXPORT_WEIGHTS).stat().st_size
+
     assert size(half) < 0.55 * size(full)
     with safe_open(str(half / checkpoints.EXPORT_WEIGHTS), "pt") as f:
         assert f.get_tensor("logit_scale").dtype == torch.float16

@@ -171,7 +171,7 @@ class TransformersCaptioner:
         with self._torch.inference_mode():
             output = self.model.generate(**inputs, max_new_tokens=p.max_new_tokens, num_beams=p.num_beams, do_sample=False)
         texts = self.tokenizer.batch_decode(strip_prompt(output, prompt_ids), skip_special_tokens=True)
-        return [clean(t) or Failure("empty_output", f"{item.key}: the model generated no words") for item, t in zip(batch, texts)]
+        return [clean(t) or Failure("empty_output", f"{item.key}: the model generated no words") for item, t in zip(batch, texts, strict=True)]
 
 
 def make_captioner(params):  # params: RecaptionParams

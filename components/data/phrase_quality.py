@@ -55,7 +55,7 @@ def phrase_quality(extracted: list[list[str]], truth: list[list[str]]) -> dict[s
     phrases that name an object — the full phrase or a shorter reference ("the red circle" for
     "a large red circle")."""
     found = true_total = object_like = extracted_total = 0
-    for phrases, objects in zip(extracted, truth):
+    for phrases, objects in zip(extracted, truth, strict=True):
         norms = {normalise(p) for p in phrases}
         true_norms = [normalise(o) for o in objects]
         found += sum(t in norms for t in true_norms)

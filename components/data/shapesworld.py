@@ -61,7 +61,7 @@ def held_out_pairs(world: ShapesWorldParams, seed: int) -> list[tuple[str, str]]
     rng = np.random.default_rng([seed, 7919])
     color_order = [colors[i] for i in rng.permutation(len(colors))]
     shape_order = [shapes[i] for i in rng.permutation(len(shapes))]
-    return sorted(zip(color_order[:wanted], shape_order[:wanted]))
+    return sorted(zip(color_order[:wanted], shape_order[:wanted], strict=False))
 
 
 def relation(a: SceneObject, b: SceneObject) -> str:
@@ -85,7 +85,7 @@ def sample_scene(world: ShapesWorldParams, seed: int, split: str, index: int, he
     cells = rng.choice(GRID * GRID, size=n, replace=False)
     size_names = list(world.sizes)
     objects = []
-    for (color, shape), cell_id in zip(chosen_pairs, cells):
+    for (color, shape), cell_id in zip(chosen_pairs, cells, strict=False):
         size = size_names[int(rng.integers(len(size_names)))]
         radius = world.sizes[size] * cell / 2
         row, col = divmod(int(cell_id), GRID)
@@ -118,7 +118,7 @@ def _polygon(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, fl
         return ring(6, r, 0.0)
     if shape == "star":
         outer, inner = ring(5, r, -math.pi / 2), ring(5, r * 0.45, -math.pi / 2 + math.pi / 5)
-        return [p for pair in zip(outer, inner) for p in pair]
+        return [p for pair in zip(outer, inner, strict=False) for p in pair]
     if shape == "cross":
         t = r * 0.36  # half the arm thickness
         return [

@@ -108,7 +108,7 @@ def long_caption(count_template: int, background: str, objects: list[Mention], p
     """The ``long`` field: the count sentence, an object sentence per object (with ``prefixes[i]``), and a
     relation sentence per (subject index, relation, object index)."""
     sentences = [count_sentence(count_template, len(objects), background)]
-    sentences += [object_sentence(prefix, m) for prefix, m in zip(prefixes, objects)]
+    sentences += [object_sentence(prefix, m) for prefix, m in zip(prefixes, objects, strict=False)]
     sentences += [relation_sentence(objects[a], rel, objects[b]) for a, rel, b in relations]
     return " ".join(sentences)
 
@@ -202,7 +202,7 @@ class ShapesCaption:
                     seen.append((m.color, m.shape))
         return seen
 
-    def recolor(self, mapping: dict[tuple[str, str], tuple[str, str]]) -> "ShapesCaption":
+    def recolor(self, mapping: dict[tuple[str, str], tuple[str, str]]) -> ShapesCaption:
         """Every mention of a (color, shape) in ``mapping`` replaced by the mapped (color, shape)."""
         def edit(m: Mention) -> Mention:
             if m.color is None or (m.color, m.shape) not in mapping:

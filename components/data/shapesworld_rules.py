@@ -40,7 +40,7 @@ def holds(desc: Description, objects: list[dict[str, Any]], background: str | No
     if desc.background is not None and desc.background != background:
         return False
     for chosen in permutations(range(len(objects)), len(desc.mentions)):
-        if not all(m.matches(objects[i]) for m, i in zip(desc.mentions, chosen)):
+        if not all(m.matches(objects[i]) for m, i in zip(desc.mentions, chosen, strict=False)):
             continue
         if desc.relation is None or relation_of(objects[chosen[0]], objects[chosen[1]]) == RELATION_SYNONYMS.get(desc.relation, desc.relation):
             return True

@@ -13,10 +13,11 @@ import json
 import random
 import re
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,7 +61,7 @@ def load_phrases(concepts_dir: Path) -> dict[str, list[str]]:
     phrases: dict[str, list[str]] = {}
     for path in sorted(Path(concepts_dir).glob("*.parquet")):
         table = read_parquet(path, columns=["key", "phrases"])
-        for key, items in zip(table.column("key").to_pylist(), table.column("phrases").to_pylist()):
+        for key, items in zip(table.column("key").to_pylist(), table.column("phrases").to_pylist(), strict=True):
             phrases[key] = list(items)
     return phrases
 
@@ -81,7 +82,7 @@ def load_recaptions(recaptions_dir: Path | None, fields: list[str]) -> dict[str,
     for path in files:
         table = read_parquet(path, columns=["key", *columns]).to_pydict()
         for field in columns:
-            recaptions[field].update(zip(table["key"], table[field]))
+            recaptions[field].update(zip(table["key"], table[field], strict=True))
     return recaptions
 
 
@@ -178,7 +179,7 @@ class TrainBatches(IterableDataset):
         fields = data.caption_fields
         picks = torch.randint(len(fields), (len(samples),)).tolist()
         out = []
-        for sample, pick in zip(samples, picks):
+        for sample, pick in zip(samples, picks, strict=True):
             key = sample["__key__"]
             field = fields[pick]
             try:

@@ -10,7 +10,8 @@ generator or torch's RNG, both seeded per batch by the caller, so a resumed run 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -105,7 +106,7 @@ def _with_hard_examples(decoded: list[Decoded], ctx: BatchContext, want_positive
     settings = ctx.params.method.hard_examples
     vocabulary = sorted({(o["color"], o["shape"]) for _, meta, *_ in decoded for o in meta.get("objects", [])})
     texts, owners, positive = [], [], []
-    for i, ((_, meta, _, _), caption) in enumerate(zip(decoded, captions)):
+    for i, ((_, meta, _, _), caption) in enumerate(zip(decoded, captions, strict=False)):
         negatives, positives = caption_hard_examples(caption, meta, ctx.rng, vocabulary, settings, want_positive, ctx.nlp)
         for text in negatives[:settings.negatives_per_caption]:
             texts.append(text), owners.append(i), positive.append(False)

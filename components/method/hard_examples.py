@@ -97,7 +97,7 @@ def real_negatives(doc, rng: np.random.Generator) -> list[str]:
 def swap_conjuncts(doc) -> str | None:
     """"a dog and a cat on a sofa" → "a cat and a dog on a sofa": two noun phrases joined by "and"."""
     chunks = list(doc.noun_chunks)
-    for a, b in zip(chunks, chunks[1:]):
+    for a, b in zip(chunks, chunks[1:], strict=False):
         if b.start == a.end + 1 and doc[a.end].lower_ == "and":
             first = a.text
             if a.start == 0 and a[0].pos_ != "PROPN":  # capitalised only because it opened the sentence
@@ -179,7 +179,7 @@ def caption_positives(caption: ShapesCaption) -> dict[str, ShapesCaption]:
     objects = [k for k, s in enumerate(sentences) if s.kind == "object"]
     if len(objects) > 1:
         reordered = list(sentences)
-        for k, j in zip(objects, reversed(objects)):
+        for k, j in zip(objects, reversed(objects), strict=False):
             reordered[k] = sentences[j]
         out["reorder"] = ShapesCaption(tuple(reordered))
     inverted, synonyms, changed_inv, changed_syn = [], [], False, False

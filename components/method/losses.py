@@ -139,7 +139,7 @@ def gather_ids(ids: torch.Tensor) -> torch.Tensor:
     padded = torch.cat([ids, ids.new_zeros((max(counts) - ids.shape[0], *ids.shape[1:]))], 0)
     parts = [torch.empty_like(padded) for _ in counts]
     dist.all_gather(parts, padded)
-    return torch.cat([part[:n] for part, n in zip(parts, counts)], 0)
+    return torch.cat([part[:n] for part, n in zip(parts, counts, strict=False)], 0)
 
 
 def concept_labels(image_index: torch.Tensor, num_images: int, dtype, phrase_ids: torch.Tensor | None = None) -> torch.Tensor:

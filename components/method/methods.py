@@ -4,8 +4,9 @@ one entry here (docs/architecture.md, "Add a method")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch.nn as nn
 

@@ -17,7 +17,6 @@ import pyarrow.parquet as pq
 
 from components.shared.params_base import ENTRY_NAME_PATTERN
 
-
 # errors that mean "this disk cannot take the file" (full, quota, read-only, not permitted), not a bug
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 

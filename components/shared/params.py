@@ -22,7 +22,15 @@ from pydantic import BaseModel, ValidationError
 
 # the schema, by stage, re-exported here: stages import every params name from this module
 from components.shared.params_base import OVERRIDES_JOURNAL, PARAMS_DIR, ROOT, RUN_LOCK, SHAPESWORLD_SUITE, SHAPESWORLD_ZERO_SHOT_TEMPLATES, ParamsError, Strict  # noqa: F401
-from components.shared.params_data import CaptionsParams, ConceptsParams, DownloadParams, PhraseRules, ShapesWorldParams, TableSourceParams, WebDatasetSourceParams  # noqa: F401
+from components.shared.params_data import (  # noqa: F401
+    CaptionsParams,
+    ConceptsParams,
+    DownloadParams,
+    PhraseRules,
+    ShapesWorldParams,
+    TableSourceParams,
+    WebDatasetSourceParams,
+)
 from components.shared.params_eval import (  # noqa: F401
     AroParams,
     BenchmarkSource,
@@ -44,7 +52,17 @@ from components.shared.params_eval import (  # noqa: F401
     ZeroShotParams,
 )
 from components.shared.params_models import DEFAULT_EXTRACTION_PROMPT, HFGenerationParams, LlmExtractorParams, RecaptionParams, TransformersCaptionerParams  # noqa: F401
-from components.shared.params_train import CLICParams, HardExampleParams, HFTextTowerParams, MethodParams, ModelParams, OptimParams, SentenceSamplingParams, TrainDataParams, TrainParams  # noqa: F401
+from components.shared.params_train import (  # noqa: F401
+    CLICParams,
+    HardExampleParams,
+    HFTextTowerParams,
+    MethodParams,
+    ModelParams,
+    OptimParams,
+    SentenceSamplingParams,
+    TrainDataParams,
+    TrainParams,
+)
 
 STAGES: dict[str, type[Strict]] = {
     "captions": CaptionsParams, "recaption": RecaptionParams, "concepts": ConceptsParams, "train": TrainParams, "base": TrainParams,

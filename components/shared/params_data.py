@@ -59,7 +59,7 @@ class ShapesWorldParams(Strict):
     jpeg_quality: int = Field(95, ge=50, le=100, description="JPEG quality of the stored images.")
 
     @model_validator(mode="after")
-    def _check(self) -> "ShapesWorldParams":
+    def _check(self) -> ShapesWorldParams:
         if self.min_objects > self.max_objects:
             raise ValueError(f"min_objects ({self.min_objects}) is larger than max_objects ({self.max_objects})")
         if len(set(self.shapes)) != len(self.shapes):
@@ -92,7 +92,7 @@ class WebDatasetSourceParams(Strict):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "WebDatasetSourceParams":
+    def _check(self) -> WebDatasetSourceParams:
         for field in self.caption_fields:
             if not re.match(CAPTION_FIELD_PATTERN, field):
                 raise ValueError(f"caption_fields: {field!r} is not a valid field name")
@@ -148,7 +148,7 @@ class TableSourceParams(Strict):
     download: DownloadParams = Field(default_factory=DownloadParams, description="URL download settings.")
 
     @model_validator(mode="after")
-    def _check(self) -> "TableSourceParams":
+    def _check(self) -> TableSourceParams:
         if not self.path.is_file():
             raise ValueError(f"path: table file {str(self.path)!r} does not exist")
         if self.path.suffix.lower() not in (".csv", ".tsv", ".parquet"):
@@ -184,7 +184,7 @@ class CaptionsParams(Strict):
     table: TableSourceParams | None = Field(None, description="Table source (when chosen).")
 
     @model_validator(mode="after")
-    def _check(self) -> "CaptionsParams":
+    def _check(self) -> CaptionsParams:
         if self.source != "shapesworld" and getattr(self, self.source) is None:
             raise ValueError(f"source is {self.source!r} but the {self.source!r} section is missing")
         fields = self.caption_fields()
@@ -296,7 +296,7 @@ class ConceptsParams(Strict):
     quality_samples: int = Field(1000, ge=0, description="Training captions per field used for the quality figures.")
 
     @model_validator(mode="after")
-    def _check_extractor(self) -> "ConceptsParams":
+    def _check_extractor(self) -> ConceptsParams:
         if self.extractor == "llm" and self.llm is None:
             raise ValueError("extractor: llm needs an llm: section (at least model: <name or folder>)")
         return self

@@ -40,7 +40,7 @@ class EvalModelSpec(Strict):
     pretrained: str | None = Field(None, description="open_clip pretrained tag, e.g. 'laion2b_s34b_b79k' or 'webli'.")
 
     @model_validator(mode="after")
-    def _check(self) -> "EvalModelSpec":
+    def _check(self) -> EvalModelSpec:
         if (self.uri is None) == (self.pretrained is None):
             raise ValueError("give exactly one of uri (export folder, checkpoint, models:/...) and pretrained (with arch)")
         if self.pretrained is not None and self.arch is None:
@@ -98,7 +98,7 @@ class HardPositivesParams(BenchmarkSource):
         return self.image_roots.get(subset, self.images)
 
     @model_validator(mode="after")
-    def _check_subsets(self) -> "HardPositivesParams":
+    def _check_subsets(self) -> HardPositivesParams:
         unknown = set(self.image_roots) - set(self.files)
         if unknown:
             raise ValueError(f"image_roots names subsets not in files: {sorted(unknown)} (files: {sorted(self.files)})")
@@ -125,7 +125,7 @@ class AroParams(BenchmarkSource):
         return self.order_image_roots.get(name, self.order_image_root or self.images)
 
     @model_validator(mode="after")
-    def _check_order_roots(self) -> "AroParams":
+    def _check_order_roots(self) -> AroParams:
         unknown = set(self.order_image_roots) - set(self.order_files)
         if unknown:
             raise ValueError(f"order_image_roots names benchmarks not in order_files: {sorted(unknown)} (order_files: {sorted(self.order_files)})")
@@ -151,7 +151,7 @@ class ZeroShotParams(BenchmarkSource):
     held_out_file: str | None = Field("held_out_classes.txt", description="Class folders reported apart (ShapesWorld's unseen pairs; absent: none).")
 
     @model_validator(mode="after")
-    def _check_templates(self) -> "ZeroShotParams":
+    def _check_templates(self) -> ZeroShotParams:
         if isinstance(self.templates, list):
             if not self.templates:
                 raise ValueError("templates: give at least one template, or 'openai_imagenet' / 'simple_imagenet'")
@@ -173,7 +173,7 @@ class RetrievalParams(BenchmarkSource):
         return self.image_roots.get(name, self.images)
 
     @model_validator(mode="after")
-    def _check_roots(self) -> "RetrievalParams":
+    def _check_roots(self) -> RetrievalParams:
         unknown = set(self.image_roots) - set(self.files)
         if unknown:
             raise ValueError(f"image_roots names datasets not in files: {sorted(unknown)} (files: {sorted(self.files)})")
@@ -238,7 +238,7 @@ class EvaluateParams(Strict):
     mlflow_experiment: str = Field("c2lip", min_length=1, description="MLflow experiment of the evaluation run.")
 
     @model_validator(mode="after")
-    def _check(self) -> "EvaluateParams":
+    def _check(self) -> EvaluateParams:
         if dupes := repeated([m.name for m in self.models]):
             raise ValueError(f"models: names must be unique, {dupes} repeat")
         if not any(getattr(self.benchmarks, f).enabled for f in SuiteParams.model_fields):
@@ -265,7 +265,8 @@ class RegistryParams(Strict):
     model_name: str = Field("c2lip", min_length=1, description="Registered model name in the MLflow registry.")
     export_dir: Path = Field(Path("models/train/export"), description="The export registered (the train stage's).")
     metrics_path: Path = Field(Path("reports/metrics.json"), description="The evaluate stage's metrics.")
-    metrics_model: str = Field("finetuned", pattern=_MODEL_LABEL, description="Which model of the report the export is (its metrics become the version's tags).")
+    metrics_model: str = Field("finetuned", pattern=_MODEL_LABEL,
+                               description="Which model of the report the export is (its metrics become the version's tags).")
     train_params: Path = Field(Path("params/train.yaml"), description="The train stage's params (method recorded on the version).")
     challenger_alias: str = Field("challenger", min_length=1, description="Alias every new version gets.")
     champion_alias: str = Field("champion", min_length=1, description="Alias moved by a successful promotion.")
@@ -320,7 +321,7 @@ class CompareParams(Strict):
     mlflow_experiment: str = Field("c2lip-compare", min_length=1, description="MLflow experiment of the arms' train runs and the comparison run.")
 
     @model_validator(mode="after")
-    def _check(self) -> "CompareParams":
+    def _check(self) -> CompareParams:
         names = [a.name for a in self.arms]
         if dupes := repeated(names):
             raise ValueError(f"arms: names must be unique, {dupes} repeat")

@@ -34,7 +34,7 @@ class TransformersCaptionerParams(HFGenerationParams):
     chat: bool = Field(False, description="Wrap the prompt in the processor's chat template with one image (LLaVA-style models).")
 
     @model_validator(mode="after")
-    def _check(self) -> "TransformersCaptionerParams":
+    def _check(self) -> TransformersCaptionerParams:
         if self.chat and not self.prompt:
             raise ValueError("chat: true needs a prompt (the user turn's text)")
         if self.prompt is not None:
@@ -67,7 +67,7 @@ class RecaptionParams(Strict):
                                     "their source caption because captioning failed; over it the stage stops with the first errors.")
 
     @model_validator(mode="after")
-    def _check(self) -> "RecaptionParams":
+    def _check(self) -> RecaptionParams:
         if self.captioner == "transformers" and self.transformers is None:
             raise ValueError("captioner: transformers needs a transformers: section (at least model: <name or folder>)")
         if self.captioner != "transformers" and self.transformers is not None:
@@ -94,7 +94,7 @@ class LlmExtractorParams(HFGenerationParams):
     batch_size: int = Field(32, ge=1, description="Captions per generate() call.")
 
     @model_validator(mode="after")
-    def _check(self) -> "LlmExtractorParams":
+    def _check(self) -> LlmExtractorParams:
         if "{caption}" not in self.prompt:
             raise ValueError("prompt must contain {caption}")
         try:

@@ -23,7 +23,7 @@ class SentenceSamplingParams(Strict):
     max_sentences: int | None = Field(None, ge=1, description="Most sentences kept (None: all of them).")
 
     @model_validator(mode="after")
-    def _check(self) -> "SentenceSamplingParams":
+    def _check(self) -> SentenceSamplingParams:
         if self.max_sentences is not None and self.max_sentences < self.min_sentences:
             raise ValueError(f"max_sentences ({self.max_sentences}) is smaller than min_sentences ({self.min_sentences})")
         return self
@@ -69,7 +69,7 @@ class TrainDataParams(Strict):
         "instead of its caption: the comparison's control arm (phrases as extra captions, no concept loss).")
 
     @model_validator(mode="after")
-    def _check(self) -> "TrainDataParams":
+    def _check(self) -> TrainDataParams:
         for field in [*self.caption_fields, *filter(None, [self.single_object_caption_field])]:
             if not re.match(CAPTION_FIELD_PATTERN, field):
                 raise ValueError(f"caption_field: {field!r} is not a valid field name")
@@ -184,7 +184,7 @@ class MethodParams(Strict):
     clic: CLICParams = Field(default_factory=CLICParams, description="clic: loss weights and the trained towers.")
 
     @model_validator(mode="after")
-    def _check(self) -> "MethodParams":
+    def _check(self) -> MethodParams:
         if self.name == "c2lip" and self.lambda_npc == 0 and self.lambda_xac == 0:
             raise ValueError("method c2lip needs lambda_npc > 0 or lambda_xac > 0 (both 0 is method siglip)")
         return self
@@ -220,7 +220,8 @@ class TrainParams(Strict):
     global_batch: int = Field(128, ge=1, description="Samples per optimiser step over all processes.")
     micro_batch: int = Field(128, ge=1, description="Samples per process per forward pass.")
     processes: int = Field(1, ge=1, description="Processes started by `python -m components.train` (torchrun) when not already under a launcher.")
-    deepspeed_config: Path = Field(Path("infra/deepspeed/zero1_fp32.json"), description="DeepSpeed JSON (ZeRO stage, precision); batch sizes and the optimiser come from these params.")
+    deepspeed_config: Path = Field(Path("infra/deepspeed/zero1_fp32.json"),
+                                   description="DeepSpeed JSON (ZeRO stage, precision); batch sizes and the optimiser come from these params.")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads per process; 0: cores / processes.")
     output_dir: Path = Field(Path("models/train"), description="Checkpoints (checkpoints/) and the exported model (export/).")
     export_dtype: Literal["float32", "float16", "bfloat16"] = Field(
@@ -237,7 +238,7 @@ class TrainParams(Strict):
     mlflow_experiment: str = Field("c2lip", min_length=1, description="MLflow experiment name (tracking URI from MLFLOW_TRACKING_URI, else mlruns.db).")
 
     @model_validator(mode="after")
-    def _check(self) -> "TrainParams":
+    def _check(self) -> TrainParams:
         if self.global_batch % self.micro_batch:
             raise ValueError(
                 f"global_batch {self.global_batch} is not divisible by micro_batch {self.micro_batch}"

@@ -26,7 +26,6 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
         import open_clip
 
         import components.method.models  # noqa: F401  registers our tiny configs with open_clip (and timm)
-
         from components.shared.checkpoints import refuse_export_code
 
         folder = context.artifacts[EXPORT_ARTIFACT]

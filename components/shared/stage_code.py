@@ -8,7 +8,7 @@ comparison run made by other code is not reused) and a test checks that dvc.yaml
 from __future__ import annotations
 
 import ast
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from components.shared.params import ROOT
@@ -39,7 +39,7 @@ def _imports(path: Path) -> set[str]:
     return {name for name in found if name.split(".")[0] == "components" and module_path(name) is not None}
 
 
-@lru_cache(maxsize=None)
+@cache
 def stage_modules(entry: str) -> tuple[str, ...]:
     """Every ``components`` module ``entry`` imports, directly or not, ``entry`` included; sorted."""
     seen, todo = set(), [entry]

@@ -166,7 +166,7 @@ def aro_order(path: Path, image_root: Path, name: str, split: str, per_image: in
     idx, img, true, shuffled, held = _Index(), [], [], [], []
     chosen = [(p, c, h) for p, caps, h in rows for c in (caps[:per_image] if per_image else caps)]
     np_rng, py_rng = np.random.RandomState(seed), random.Random(seed)
-    for (image, caption, flag), doc in zip(chosen, nlp.pipe([c for _, c, _ in chosen], batch_size=256)):
+    for (image, caption, flag), doc in zip(chosen, nlp.pipe([c for _, c, _ in chosen], batch_size=256), strict=True):
         img.append(idx.image(ImageRef(image_root / image)))
         true.append(idx.text(aro_pre_caption(caption)))
         shuffled.append([idx.text(aro_pre_caption(s)) for s in order_perturbations(caption, doc, np_rng, py_rng)])

@@ -115,7 +115,7 @@ def chart(summary: dict[str, Any]) -> bytes:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), dpi=100)
     width = 0.8 / len(arms)
     colors = plt.get_cmap("tab10")
-    for ax, paired_panel in zip(axes, (False, True)):
+    for ax, paired_panel in zip(axes, (False, True), strict=False):
         for k, arm in enumerate(arms):
             xs, means, sds, dots = [], [], [], []
             for g_i, g in enumerate(groups):
@@ -147,7 +147,7 @@ def logit_chart(curves: dict[str, tuple[str, list[dict]]]) -> bytes:
     arms = list(dict.fromkeys(arm for arm, _ in curves.values()))
     colors = plt.get_cmap("tab10")
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), dpi=100)
-    for ax, key, title in zip(axes, ("logit_scale", "logit_bias"), ("logit scale s", "logit bias b")):
+    for ax, key, title in zip(axes, ("logit_scale", "logit_bias"), ("logit scale s", "logit bias b"), strict=False):
         for arm, points in curves.values():
             have = [p for p in points if key in p]
             ax.plot([p["step"] for p in have], [p[key] for p in have], color=colors(arms.index(arm) % 10), lw=1, alpha=0.8)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -206,10 +207,11 @@ def hard_positives(original_path: Path, swapped_path: Path, image_root: Path, na
     if len(original) != len(swapped):
         raise BenchmarkError(f"{swapped_path}: {len(swapped)} items, but {original_path} has {len(original)}; the two files must be aligned")
     idx, img, cap, hpos, neg, held = _Index(), [], [], [], [], []
-    for n, (a, b) in enumerate(zip(original, swapped)):
+    for n, (a, b) in enumerate(zip(original, swapped, strict=True)):
         image = _field(original_path, str(n), a, "image_path")
         if _field(swapped_path, str(n), b, "image_path") != image:
-            raise BenchmarkError(f"{swapped_path}: item {n} is for image {b['image_path']!r} but {original_path} item {n} for {image!r}; the files are not aligned")
+            raise BenchmarkError(f"{swapped_path}: item {n} is for image {b['image_path']!r} but {original_path} item {n} for {image!r}; "
+                                 "the files are not aligned")
         if _field(swapped_path, str(n), b, "false_caption") != _field(original_path, str(n), a, "false_caption"):
             raise BenchmarkError(f"{swapped_path}: item {n} has another false_caption than {original_path} item {n}; the files are not aligned")
         box, swapped_box = _box(original_path, str(n), a, required=False), _box(swapped_path, str(n), b, required=False)

@@ -66,7 +66,7 @@ def macro_accuracy(correct: torch.Tensor, groups: list[str], counted: set[str] |
     if not groups:
         raise ValueError("no items: an empty benchmark has no score")
     per_group: dict[str, list[float]] = {}
-    for ok, group in zip(correct.float().tolist(), groups):
+    for ok, group in zip(correct.float().tolist(), groups, strict=True):
         per_group.setdefault(group, []).append(ok)
     means = {g: sum(v) / len(v) for g, v in per_group.items()}
     chosen = [m for g, m in means.items() if counted is None or g in counted]

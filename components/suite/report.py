@@ -51,7 +51,8 @@ def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, di
         f"Models: {', '.join(f'`{n}` ({meta[n]})' for n in names)}. Differences are against `{ref}`. Ties follow each",
         "benchmark's official script: wrong everywhere except ARO's order benchmarks (p_at_1: the true caption wins a",
         "tie, as ARO's argmax; p_at_1_ties_wrong counts it wrong). ARO VG macro_acc is the official figure (symmetric",
-        "relations and attribute pairs under 25 items left out; macro_acc_all_groups keeps them). Rows marked *held-out* are the items that show or name a (color, shape) pair never",
+        "relations and attribute pairs under 25 items left out; macro_acc_all_groups keeps them). Rows marked *held-out* are the "
+        "items that show or name a (color, shape) pair never",
         "drawn in training (ShapesWorld); *seen* are the others (retrieval: those images and their captions as",
         "queries, ranked against every candidate).",
         "",
@@ -92,7 +93,7 @@ def bar_chart(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(8.0, 0.55 * len(tasks) * max(1, len(names)) / 1.5), 4.2 * len(panels)),
                              squeeze=False, dpi=100)
     width = 0.8 / len(names)
-    for ax, (title, prefix) in zip(axes[:, 0], panels):
+    for ax, (title, prefix) in zip(axes[:, 0], panels, strict=False):
         shown = [t for t in tasks if f"{prefix}{t.headline}" in per_model[names[0]][t.name]]
         x = np.arange(len(shown))
         for k, name in enumerate(names):

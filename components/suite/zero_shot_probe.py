@@ -56,12 +56,12 @@ class ShapesWorldZeroShot:
                               for i in range(0, len(self.images), 256)])
         model.train(was_training)
         predicted = [self.classes[int(i)] for i in (features @ classifier).argmax(dim=1)]
-        correct = torch.tensor([p == t for p, t in zip(predicted, self.labels)], dtype=torch.float)
+        correct = torch.tensor([p == t for p, t in zip(predicted, self.labels, strict=True)], dtype=torch.float)
         held = torch.tensor(self.held)
         out = {
             "zero_shot_top1": correct.mean().item(),
-            "zero_shot_color_acc": sum(p[0] == t[0] for p, t in zip(predicted, self.labels)) / len(predicted),
-            "zero_shot_shape_acc": sum(p[1] == t[1] for p, t in zip(predicted, self.labels)) / len(predicted),
+            "zero_shot_color_acc": sum(p[0] == t[0] for p, t in zip(predicted, self.labels, strict=True)) / len(predicted),
+            "zero_shot_shape_acc": sum(p[1] == t[1] for p, t in zip(predicted, self.labels, strict=True)) / len(predicted),
             "zero_shot_images": float(len(predicted)),
         }
         if held.any():
@@ -74,9 +74,9 @@ class ShapesWorldZeroShot:
         """Where held-out pairs go: the share of held-out images classified as a pair seen in training, and how
         close each held-out class's prompt embedding lies to the nearest seen class's (cosine; for contrast, the
         same for seen classes among themselves). A model that folds unseen pairs onto seen ones raises both."""
-        held_pairs = {label for label, h in zip(self.labels, self.held) if h}
+        held_pairs = {label for label, h in zip(self.labels, self.held, strict=True) if h}
         seen_pairs = set(self.classes) - held_pairs
-        held_images = [p for p, h in zip(predicted, self.held) if h]
+        held_images = [p for p, h in zip(predicted, self.held, strict=True) if h]
         weights = classifier.T  # [classes, D], normalised class embeddings
         index = {c: i for i, c in enumerate(self.classes)}
 
