@@ -25,7 +25,7 @@ export PATH := $(VENV)/bin:$(PATH)
 # Prefect keeps its local state (the ephemeral server's database, settings) inside the project.
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 
-.PHONY: run test install serve compare clean-data
+.PHONY: run test install serve compare clean-data lint docs docs-serve params-reference
 
 # The Prefect flow c2lip (deployment "full") once, locally: every DVC stage, DVC push, registration.
 run: $(STAMP)
@@ -47,6 +47,22 @@ test: $(STAMP)
 	python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 install: $(STAMP)
+
+# ruff with the rules of pyproject.toml ([tool.ruff]); CI runs it before the tests (seconds).
+lint: $(STAMP)
+	ruff check .
+
+# The documentation site (MkDocs Material, mkdocs.yml) built into site/ (git-ignored); --strict: a broken link fails.
+docs: $(STAMP)
+	mkdocs build --strict
+
+# The site served on 127.0.0.1:8000 while you edit docs/.
+docs-serve: $(STAMP)
+	mkdocs serve --dev-addr 127.0.0.1:8000
+
+# docs/params.md, the params reference, written from the pydantic schema (a test fails when it is stale).
+params-reference: $(STAMP)
+	python docs/tools/params_reference.py > docs/params.md
 
 # --compile-bytecode: Python's .pyc files written at install time. Machines that set PYTHONDONTWRITEBYTECODE
 # (ours do) otherwise compile torch, DeepSpeed and MLflow from source in every new process: ~45 s of each

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from components.shared.checkpoints import EXPORT_CONFIG
+from components.shared.model_card import CARD_FILE, SUMMARY_GROUPS, card_facts, card_figures, model_card, read_front_matter
 from components.shared.params import ROOT, ParamsError, RegistryParams, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
@@ -84,13 +85,48 @@ def register(params: RegistryParams, extra_tags: dict[str, str] | None = None) -
         mlflow_.set_tags({"stage": "register", **{k: v for k, v in tags.items() if len(v) < 5000}})
         mlflow_.log_metrics({f"summary/{k}": v for k, v in summary.items()})
         info = log_export(params.export_dir, registered_model_name=params.model_name)
+        card = registry_card(params)
+        mlflow_.log_text(card, f"model_card/{CARD_FILE}")
     client = mlflow.MlflowClient()
     version = str(info.registered_model_version)
     for key, value in tags.items():
         client.set_model_version_tag(params.model_name, version, key, value)
+    # what the MLflow UI shows: the card's summary on the version, what c2lip models are on the registered model
+    client.update_model_version(params.model_name, version, description=card_description(card))
+    client.update_registered_model(params.model_name, description=REGISTERED_MODEL_DESCRIPTION)
     client.set_registered_model_alias(params.model_name, params.challenger_alias, version)
     print(f"register: {params.model_name} version {version} (run {run.info.run_id}), alias {params.challenger_alias}", file=sys.stderr)
     return client.get_model_version(params.model_name, version)
+
+
+REGISTERED_MODEL_DESCRIPTION = (
+    "Contrastive vision–language models (open_clip) fine-tuned by c2lip for compositional understanding — C2LIP's "
+    "noun-phrase concept losses and cross-attention pooling, or a sibling method — on ShapesWorld by default. Each "
+    "version's description is its model card's summary (the full card is the run's `model_card/README.md` artifact); "
+    "its tags hold the git commit, the dvc.lock hash, the method and the benchmark summary. Load a version with "
+    "`mlflow.pyfunc.load_model('models:/<name>@champion')` (embeddings), or as open_clip from its `export` artifact "
+    "(`open_clip.create_model_and_transforms('local-dir:<artifact>/export')`). Promotion moves the `champion` alias "
+    "only when the gates of params/registry.yaml hold.")
+
+
+def registry_card(params: RegistryParams) -> str:
+    """The export's model card completed with the evaluate stage's summary against the base (reports/metrics.json)."""
+    train = load_params("train", params.train_params)
+    card_path = params.export_dir / CARD_FILE
+    train_figures = card_figures(read_front_matter(card_path)) if card_path.is_file() else {}
+    metrics = json.loads(params.metrics_path.read_text())
+    model = benchmark_summary(params)
+    base = {k[len("base/summary/"):]: float(v) for k, v in metrics.items() if k.startswith("base/summary/")}
+    summary = {k: (base[k], model[k]) for k in SUMMARY_GROUPS if k in base and k in model}
+    return model_card(card_facts(train), train_figures, summary, name=params.model_name)
+
+
+def card_description(card: str) -> str:
+    """The card's title, summary paragraph and benchmark table: the version's description in the MLflow UI."""
+    body = card.split("\n---\n", 1)[-1].strip()
+    sections = body.split("\n## ")
+    keep = [sections[0]] + [f"## {s}" for s in sections[1:] if s.startswith(("Benchmarks", "Training"))]
+    return "\n\n".join(part.strip() for part in keep)
 
 
 @dataclass

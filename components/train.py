@@ -52,7 +52,7 @@ from components.method.methods import method_for
 from components.method.models import model_config, trims_phrases
 from components.method.module import TrainingModule
 from components.method.optim import build_model, calibrate_logits, lr_factor, param_groups
-from components.shared.atomic import CorruptFileError, atomic_write_json, fingerprint, remove_inside
+from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json, fingerprint, remove_inside, write_checksums
 from components.shared.checkpoints import (
     EXPORT_CONFIG,
     HISTORY_FILE,
@@ -65,6 +65,7 @@ from components.shared.checkpoints import (
     set_rng_state,
 )
 from components.shared.distributed import deepspeed_config, launch, prepare_deepspeed_comm, world_size_for
+from components.shared.model_card import CARD_FILE, card_facts, model_card
 from components.shared.params import ParamsError, TrainParams, flatten_params, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.reports import plot_losses
@@ -350,8 +351,12 @@ def save(run: Run) -> dict[str, float]:
         if points:
             plot_losses(points, params.output_dir / "loss.png")
         atomic_write_json(params.metrics_path, {k: round(v, 5) for k, v in result.items()})
+        # the model card (README.md), then the checksums again so that they cover it
+        atomic_write_bytes(export_dir / CARD_FILE, model_card(card_facts(params), {k: round(v, 5) for k, v in result.items()}).encode())
+        write_checksums(export_dir)
         run.tracker.log_metrics({k: v for k, v in result.items() if k.startswith("zero_shot")})
         run.tracker.log_artifact(str(export_dir / EXPORT_CONFIG), "export")
+        run.tracker.log_artifact(str(export_dir / CARD_FILE), "export")
         if (params.output_dir / "loss.png").is_file():
             run.tracker.log_artifact(str(params.output_dir / "loss.png"))
         run.tracker.end_run()

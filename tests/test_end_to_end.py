@@ -43,6 +43,16 @@ def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(reproduced_clone, tmp_
     trained = yaml.safe_load((work / "metrics" / "train.json").read_text())
     assert trained["steps"] == 2 and 0 <= trained["zero_shot_top1"] <= 1
     assert (work / "models" / "train" / "export" / "open_clip_model.safetensors").is_file()
+    # the export's model card holds the run's own figures and recipe, and the checksums cover it
+    from components.shared.checkpoints import check_export
+    from components.shared.model_card import card_figures, read_front_matter
+
+    card = work / "models" / "train" / "export" / "README.md"
+    front = read_front_matter(card)
+    assert front["library_name"] == "open_clip" and front["base_model"] == "models/base/export" and "c2lip" in front["tags"]
+    assert card_figures(front)["zero_shot_top1"] == pytest.approx(trained["zero_shot_top1"], abs=1e-5)
+    assert "| samples seen | 16 |" in card.read_text()  # 2 steps of 8 (the clone's tiny params)
+    check_export(card.parent)
 
     # the benchmarks stage wrote ShapesWorld's suite from the 10 test images; evaluate read it for both models
     suite = yaml.safe_load((work / "data" / "benchmarks" / "shapesworld" / "stats.json").read_text())

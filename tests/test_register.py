@@ -12,6 +12,7 @@ from components.shared.params import RegistryParams
 
 def _params(tmp_path, summary: dict[str, float], **gates) -> RegistryParams:
     metrics = {f"finetuned/summary/{k}": v for k, v in summary.items()}
+    metrics.update({f"base/summary/{k}": round(v - 0.05, 5) for k, v in summary.items()})  # the base, 0.05 under
     metrics["finetuned/zero_shot/top1"] = summary["zero_shot"]
     path = tmp_path / "metrics.json"
     path.write_text(json.dumps(metrics))
@@ -44,6 +45,13 @@ def test_register_then_promote_through_the_gates(tmp_path, tracking):
     assert first.tags["method"] == "c2lip" and first.tags["summary.zero_shot"] == "0.90000"
     assert len(first.tags["git_commit"]) >= 40 and len(first.tags["dvc_lock_sha256"]) == 64
     assert json.loads(first.tags["benchmark_summary"])["compositional"] == 0.7
+    # the MLflow UI's text: the version's card summary names the method and the base; the registered model says what it is
+    assert "fine-tuned with `c2lip`" in first.description and "models/base/export" in first.description
+    assert "| compositional" in first.description and "0.650 | 0.700 | +0.050 |" in first.description
+    client = mlflow.MlflowClient()
+    assert "C2LIP" in client.get_registered_model("c2lip-test").description
+    card = mlflow.artifacts.load_text(f"runs:/{first.run_id}/model_card/README.md")
+    assert card.startswith("---\nlibrary_name: open_clip") and "## How to load it" in card
 
     done = reg.promote(_params(tmp_path, {"compositional": 0.70, "zero_shot": 0.90, "retrieval": 0.50}), "challenger")
     assert done.promoted and "first champion" in done.message

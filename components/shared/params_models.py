@@ -1,4 +1,4 @@
-"""Params of the model-backed steps (issue 19): the recaption stage's captioners and the concepts stage's LLM
+"""Params of the model-backed steps: the recaption stage's captioners and the concepts stage's LLM
 noun-phrase extractor. Both load Hugging Face models by hub name or local folder; nothing here imports them."""
 
 from __future__ import annotations

@@ -1,0 +1,44 @@
+"""The model card: Hugging Face front matter that parses and holds the figures given, a body that says what the model
+is, how it was trained and how to load it, and the figures read back from the card."""
+
+import pytest
+import yaml
+
+from components.shared.model_card import card_facts, card_figures, model_card, read_front_matter
+from components.shared.params import load_params
+
+
+def test_the_card_front_matter_parses_and_holds_the_models_figures(tmp_path):
+    params = load_params("train")
+    figures = {"zero_shot_top1": 0.98952, "zero_shot_top1_held_out_pairs": 0.89855, "final_loss": 6.4, "samples_per_s": 197.2}
+    summary = {"binding": (0.261, 0.265), "compositional": (0.480, 0.516), "not_a_group": (0.0, 1.0)}
+    text = model_card(card_facts(params), figures, summary, name="c2lip-test")
+    path = tmp_path / "README.md"
+    path.write_text(text)
+    front = read_front_matter(path)
+    assert front["library_name"] == "open_clip" and front["base_model"] == str(params.model.init)
+    assert {"c2lip", "zero-shot-image-classification"} <= set(front["tags"])
+    assert card_figures(front) == {"zero_shot_top1": 0.98952, "zero_shot_top1_held_out_pairs": 0.89855}  # no timings, no losses
+    names = [m["name"] for r in front["model-index"][0]["results"] for m in r["metrics"]]
+    assert any(n.startswith("binding") for n in names) and not any("not_a_group" in n for n in names)
+    body = text.split("\n---\n", 1)[1]
+    assert "λ_npc = 1.0, λ_xac = 0.01" in body and "| samples seen | 38,400 |" in body
+    assert "| binding (SugarCrepe swap_att, SugarCrepe++ swap_att, Winoground group) | 0.261 | 0.265 | +0.004 |" in body
+    assert 'create_model_and_transforms("local-dir:<this folder>")' in body and "## Intended use and limits" in body
+    assert "samples/s" not in text and "197" not in text  # a rebuilt export's card is identical: no timings
+
+
+def test_a_card_without_benchmarks_or_a_siglip_run_says_only_what_it_knows():
+    params = load_params("train").model_copy(deep=True)
+    params.method.name = "siglip"
+    text = model_card(card_facts(params))
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["model-index"][0]["results"] == [] and "λ_npc" not in text and "## Benchmarks" not in text
+    assert "fine-tuned with `siglip`" in text
+
+
+@pytest.mark.parametrize("content", ["no front matter here", ""])
+def test_a_file_without_front_matter_reads_as_empty(tmp_path, content):
+    path = tmp_path / "README.md"
+    path.write_text(content)
+    assert read_front_matter(path) == {} and card_figures({}) == {}
