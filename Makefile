@@ -18,6 +18,9 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 # still fails, with Prefect's own message.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 600
 export DO_NOT_TRACK ?= 1
+# MkDocs 1.x plugins print a banner about a future MkDocs 2 on every build; the site builds with 1.x as pinned.
+export NO_MKDOCS_2_WARNING ?= 1
+export DISABLE_MKDOCS_2_WARNING ?= true
 # uv must use this machine's Python 3.11, never try to download one.
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)

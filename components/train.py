@@ -303,7 +303,7 @@ def loop(run: Run) -> None:
             check = bool(run.zero_shot) and params.zero_shot_every and step % params.zero_shot_every == 0 and step < params.steps
             if check or step % params.log_every == 0 or step == params.steps:
                 model = engine.module.model
-                # s and b per logged step: their trajectories are part of the diagnosis (README "What this shows")
+                # s and b per logged step: their trajectories are part of the diagnosis (docs/results/what-this-shows.md "What this shows")
                 logits = {"logit_scale": model.logit_scale.exp().item(),
                           **({"logit_bias": model.logit_bias.item()} if getattr(model, "logit_bias", None) is not None else {})}
                 point = {"step": step, **{k: round(v, 5) for k, v in {**sums, **logits}.items()}}

@@ -3,7 +3,7 @@
     python -m flows.serve          # `make serve` starts a local server first (infra/serve.sh)
 
 The process runs each triggered flow run in this workspace; stop it with Ctrl-C. For a team's server and
-GPU machines use a work pool instead (infra/prefect.yaml, README "Run it as a service").
+GPU machines use a work pool instead (infra/prefect.yaml, docs/getting-started.md "Run it as a service").
 """
 
 from prefect import serve

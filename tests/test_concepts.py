@@ -103,7 +103,7 @@ def test_phrase_key_and_gold_quality_by_hand():
 def test_real_captions_gold_set_precision_and_recall(nlp):
     """The stage's rules on 224 hand-labelled SugarCrepe captions (tests/data/noun_phrases_gold.jsonl):
     precision and recall of the phrases at least 0.95 (0.874 / 0.955 before the of-heads, split and
-    stop-head rules; README "Noun phrases on real captions")."""
+    stop-head rules; docs/stages/concepts.md "Noun phrases on real captions")."""
     gold = [json.loads(line) for line in (REPO / "tests" / "data" / "noun_phrases_gold.jsonl").read_text().splitlines()]
     assert len(gold) >= 200 and len({g["id"] for g in gold}) == len(gold)
     assert all(g["caption"].strip() and g["phrases"] for g in gold)

@@ -746,14 +746,14 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
 
 
 def test_readmes_real_file_recipe_is_valid_params():
-    """README's "Real files" block is what a user pastes into params/evaluate.yaml: it must validate as is."""
+    """The evaluation page's "Real files" block is what a user pastes into params/evaluate.yaml: it must validate as is."""
     import yaml
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "stages" / "evaluate.md").read_text()
     block = text[text.index("**Real files**"):]
     block = block[block.index("```yaml\n") + len("```yaml\n"):]
     recipe = yaml.safe_load(block[:block.index("```")])
-    params = validate_params("evaluate", recipe, "README.md")
+    params = validate_params("evaluate", recipe, "docs/stages/evaluate.md")
     b = params.benchmarks
     # REPLACE's paths (data/VG_100K*/...) are relative to the release root, SWAP's to ARO's images
     assert b.hard_positives.images_of("swap") == Path("/data/aro/images") and b.hard_positives.images_of("replace_att") == Path("/data/hard_positives")

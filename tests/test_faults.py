@@ -1,7 +1,7 @@
 """Fault injection: crafted pickles, traversal names, killed runs, dripping and redirecting loopback
 servers, corrupted checkpoints, exports, shards and manifests, bad params files, credentials. Each test
 makes the fault first and then checks that nothing executed, nothing outside the output was touched,
-nothing was lost, and the error names the file, key or item (README "Reliability and security")."""
+nothing was lost, and the error names the file, key or item (docs/reliability.md "Reliability and security")."""
 
 import csv
 import importlib

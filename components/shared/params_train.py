@@ -54,7 +54,7 @@ class TrainDataParams(Strict):
         None,
         description="For a sample whose scene metadata lists exactly one object (ShapesWorld), train on this field "
         "instead of caption_field: the web-like base's mix, where a photo of one thing carries a describing "
-        "alt-text and a crowded one only its bag of words (README 'The base model'). None: off.",
+        "alt-text and a crowded one only its bag of words (docs: training, 'The base model'). None: off.",
     )
     crop_scale: tuple[float, float] = Field((0.9, 1.0), description="RandomResizedCrop area range.")
     shuffle_buffer: int = Field(2000, ge=1, description="Samples in the seeded shuffle buffer (one per epoch and rank).")
@@ -171,7 +171,7 @@ class MethodParams(Strict):
     concept_labels: Literal["occurrence", "text"] = Field(
         "occurrence", description="Which (image, phrase) pairs the concept terms count as positive: occurrence, only the "
         "image a phrase came from (the formula as written: the same phrase text from another image of the batch is a "
-        "negative); text, every image that has a phrase of that text (README 'What this shows').")
+        "negative); text, every image that has a phrase of that text (docs: results, 'What this shows').")
     concept_text_grad: bool = Field(
         True, description="False: no gradient through the phrase embeddings, so the concept terms train the image "
         "tower and s, b only (the diagnosis's ablation: which tower carries their costs).")
@@ -179,7 +179,7 @@ class MethodParams(Strict):
         "auto", description="Length phrases are encoded at: 'context', padded to the captions' context; 'trimmed', "
         "cut to the batch's longest phrase (+1, rounded up to 8: far fewer text-tower FLOPs); 'auto', trimmed where "
         "that is exact (a causal text tower pooling at the end-of-text token, as CLIP's) and the context elsewhere "
-        "(SigLIP's tower sees its padding, so trimming changes its embeddings). README 'Performance'.")
+        "(SigLIP's tower sees its padding, so trimming changes its embeddings). docs: performance.")
     hard_examples: HardExampleParams = Field(default_factory=HardExampleParams, description="negclip and hp_hn: hard negatives / positives.")
     clic: CLICParams = Field(default_factory=CLICParams, description="clic: loss weights and the trained towers.")
 

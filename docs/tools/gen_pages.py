@@ -1,0 +1,50 @@
+"""Pages generated at build time by mkdocs-gen-files (mkdocs.yml): the reports the stages wrote — the benchmark report
+and every comparison under reports/ — and their charts, so a re-run of the pipeline updates the site without a hand
+copy. Pages of reports that do not exist yet (a fresh clone before `make run`) say how to make them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mkdocs_gen_files
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORTS = ROOT / "reports"
+# charts the hand-written pages show, under the site's assets/
+ASSETS = {"benchmarks.png": REPORTS / "benchmarks.png", "compare.png": REPORTS / "compare.png",
+          "compare-logits.png": REPORTS / "compare-logits.png", "base_loss.png": ROOT / "models" / "base" / "loss.png"}
+
+
+def copy(source: Path, target: str) -> bool:
+    if not source.is_file():
+        return False
+    with mkdocs_gen_files.open(target, "wb") as out:
+        out.write(source.read_bytes())
+    return True
+
+
+def report_page(target: str, report: Path, chart: Path | None, title: str, how: str) -> None:
+    """``report`` (markdown a stage wrote) as a page, its chart beside it; or a note saying how to make it."""
+    with mkdocs_gen_files.open(target, "w") as page:
+        if not report.is_file():
+            page.write(f"# {title}\n\nNot made yet: {how}.\n")
+            return
+        text = report.read_text()
+        source = report.relative_to(ROOT)
+        lines = text.split("\n")
+        page.write(lines[0] + "\n\n" + f"*Written by the pipeline: `{source}`.*\n\n")
+        if chart is not None and copy(chart, str(Path(target).parent / f"{Path(target).stem}.png")):
+            page.write(f"![{title}]({Path(target).stem}.png)\n\n")
+        page.write("\n".join(lines[1:]))
+
+
+for name, path in ASSETS.items():
+    copy(path, f"assets/{name}")
+
+report_page("results/reports/benchmarks.md", REPORTS / "benchmarks.md", REPORTS / "benchmarks.png",
+            "Benchmark report", "`make run` writes it (reports/benchmarks.md)")
+report_page("results/reports/compare.md", REPORTS / "compare.md", REPORTS / "compare.png",
+            "Comparison of methods", "`make compare` writes it (reports/compare.md)")
+for folder in sorted(p for p in REPORTS.glob("*/") if (p / "compare.md").is_file()):
+    report_page(f"results/reports/{folder.name}.md", folder / "compare.md", folder / "compare.png",
+                f"Comparison: {folder.name}", f"`python -m components.compare` with its preset writes it ({folder.name}/)")
