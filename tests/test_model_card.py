@@ -17,7 +17,7 @@ def test_the_card_front_matter_parses_and_holds_the_models_figures(tmp_path):
     path.write_text(text)
     front = read_front_matter(path)
     assert front["library_name"] == "open_clip" and front["base_model"] == str(params.model.init)
-    assert {"c2lip", "zero-shot-image-classification"} <= set(front["tags"])
+    assert {"c2lip", "zero-shot-image-classification"} <= set(front["tags"]) and len(set(front["tags"])) == len(front["tags"])
     assert card_figures(front) == {"zero_shot_top1": 0.98952, "zero_shot_top1_held_out_pairs": 0.89855}  # no timings, no losses
     names = [m["name"] for r in front["model-index"][0]["results"] for m in r["metrics"]]
     assert any(n.startswith("binding") for n in names) and not any("not_a_group" in n for n in names)

@@ -75,7 +75,7 @@ def model_card(facts: dict[str, Any], train_figures: dict[str, float] | None = N
     front = {
         "library_name": "open_clip",
         "license": "other",
-        "tags": ["clip", "siglip", "compositionality", "c2lip", facts["method"], "zero-shot-image-classification"],
+        "tags": list(dict.fromkeys(["clip", "siglip", "compositionality", "c2lip", facts["method"], "zero-shot-image-classification"])),
         "pipeline_tag": "zero-shot-image-classification",
         "base_model": facts["init"],
         "datasets": ["shapesworld" if any("captions" in s for s in facts["shards"]) else "local-shards"],
