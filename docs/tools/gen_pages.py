@@ -48,3 +48,23 @@ report_page("results/reports/compare.md", REPORTS / "compare.md", REPORTS / "com
 for folder in sorted(p for p in REPORTS.glob("*/") if (p / "compare.md").is_file()):
     report_page(f"results/reports/{folder.name}.md", folder / "compare.md", folder / "compare.png",
                 f"Comparison: {folder.name}", f"`python -m components.compare` with its preset writes it ({folder.name}/)")
+
+
+def card_page(target: str, card: Path) -> None:
+    """The fine-tune's model card (the export's README.md) as a page: its front matter shown as YAML, then its body."""
+    with mkdocs_gen_files.open(target, "w") as page:
+        if not card.is_file():
+            page.write("# Model card\n\nNot made yet: the train stage writes it into `models/train/export/README.md` (`make run`).\n")
+            return
+        text = card.read_text()
+        front, body = ("", text)
+        if text.startswith("---\n"):
+            end = text.index("\n---", 4)
+            front, body = text[4:end], text[end + 4:]
+        lines = body.strip().split("\n")
+        page.write(lines[0] + "\n\n*The export's model card, as the train stage wrote it: `models/train/export/README.md` "
+                   "(a registered version's card adds the benchmark summary against the base).*\n\n")
+        page.write("\n".join(lines[1:]) + "\n\n## Front matter (Hugging Face model-card metadata)\n\n```yaml\n" + front.strip() + "\n```\n")
+
+
+card_page("results/model-card.md", ROOT / "models" / "train" / "export" / "README.md")
