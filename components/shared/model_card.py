@@ -88,7 +88,7 @@ def model_card(facts: dict[str, Any], train_figures: dict[str, float] | None = N
         f"# {name}: {facts['architecture']} fine-tuned with {method}", "",
         summary_paragraph(facts, summary), "",
         "## Training", "",
-        "| | |", "|---|---|",
+        "| what | value |", "|---|---|",
         f"| architecture | `{facts['architecture']}`" + (f" with the Hugging Face text tower `{facts['text_tower']}`" if "text_tower" in facts else "") + " |",
         f"| started from | `{facts['init']}` |",
         f"| method | `{method}`{lambdas}, {facts['contrastive']} contrastive loss |",
