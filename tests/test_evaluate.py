@@ -252,7 +252,7 @@ def test_hard_positives_on_the_release_layout_with_the_default_params(tmp_path, 
     moved = EvaluateParams(benchmarks={**off, "hard_positives": {"data_root": str(release), "image_root": str(images),
                                                                   "image_roots": {"swap": str(tmp_path / "vg")}}})
     assert ev.load_suite(moved)[2].images[0].path == tmp_path / "vg" / "ab.png"
-    with pytest.raises(ParamsError, match=r"image_roots names subsets not in files: \['swapp'\]"):
+    with pytest.raises(ParamsError, match=r"image_roots names entries not in files: \['swapp'\]"):
         validate_params("evaluate", {"benchmarks": {"hard_positives": {"data_root": "x", "image_roots": {"swapp": "y"}}}}, "evaluate.yaml")
 
 
@@ -517,7 +517,7 @@ def test_each_order_and_retrieval_dataset_has_its_own_image_root():
     aro_params, retrieval = params.benchmarks.aro, params.benchmarks.retrieval
     assert aro_params.order_images_of("coco_order") == Path("/d/coco") and aro_params.order_images_of("flickr_order") == Path("/d/flickr30k")
     assert retrieval.images_of("coco") == Path("/d/coco") and retrieval.images_of("flickr30k") == Path("/d/flickr30k")
-    with pytest.raises(ParamsError, match="order_image_roots names benchmarks not in order_files"):
+    with pytest.raises(ParamsError, match="order_image_roots names entries not in order_files"):
         validate_params("evaluate", {"benchmarks": {"aro": {"data_root": "/d", "order_image_roots": {"coco_ordr": "/x"}}}})
 
 

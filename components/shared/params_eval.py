@@ -81,6 +81,13 @@ HARD_POSITIVE_FILES = {
 }
 
 
+def _check_named_roots(roots: dict[str, Path], files: dict[str, str], roots_key: str, files_key: str) -> None:
+    """Every name given its own image folder must be one of the benchmark's files (a misspelt name would be ignored)."""
+    unknown = set(roots) - set(files)
+    if unknown:
+        raise ValueError(f"{roots_key} names entries not in {files_key}: {sorted(unknown)} ({files_key}: {sorted(files)})")
+
+
 class HardPositivesParams(BenchmarkSource):
     """data_root: the release folder (or ShapesWorld's, written in the release layout)."""
 
@@ -99,9 +106,7 @@ class HardPositivesParams(BenchmarkSource):
 
     @model_validator(mode="after")
     def _check_subsets(self) -> HardPositivesParams:
-        unknown = set(self.image_roots) - set(self.files)
-        if unknown:
-            raise ValueError(f"image_roots names subsets not in files: {sorted(unknown)} (files: {sorted(self.files)})")
+        _check_named_roots(self.image_roots, self.files, "image_roots", "files")
         return self
 
 
@@ -126,9 +131,7 @@ class AroParams(BenchmarkSource):
 
     @model_validator(mode="after")
     def _check_order_roots(self) -> AroParams:
-        unknown = set(self.order_image_roots) - set(self.order_files)
-        if unknown:
-            raise ValueError(f"order_image_roots names benchmarks not in order_files: {sorted(unknown)} (order_files: {sorted(self.order_files)})")
+        _check_named_roots(self.order_image_roots, self.order_files, "order_image_roots", "order_files")
         return self
 
 
@@ -174,9 +177,7 @@ class RetrievalParams(BenchmarkSource):
 
     @model_validator(mode="after")
     def _check_roots(self) -> RetrievalParams:
-        unknown = set(self.image_roots) - set(self.files)
-        if unknown:
-            raise ValueError(f"image_roots names datasets not in files: {sorted(unknown)} (files: {sorted(self.files)})")
+        _check_named_roots(self.image_roots, self.files, "image_roots", "files")
         return self
 
 
