@@ -183,7 +183,8 @@ def model_fingerprint(kind: str, where: Any) -> str:
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """Weights of a checkpoint file: safetensors, a plain state dict, or one under 'state_dict' /
-    'module' (DeepSpeed's mp_rank_00_model_states.pt) / 'model'; DDP's 'module.' prefix removed."""
+    'module' (DeepSpeed's mp_rank_00_model_states.pt) / 'model'; DDP's 'module.' prefix removed, and the train
+    stage's 'model.' (its DeepSpeed module is the model with its loss)."""
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -202,7 +203,11 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not state:
         raise EvaluateError(f"{path}: no state dict found in the checkpoint")
     prefix = "module."
-    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+    state = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+    # c2lip's own DeepSpeed checkpoints hold the TrainingModule (the model under "model.", the loss's buffers beside it)
+    if any(k.startswith("model.") for k in state) and not any(k.startswith(("visual.", "text.", "transformer.")) for k in state):
+        state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    return state
 
 
 def load_model(kind: str, where: Any, spec: EvalModelSpec):

@@ -285,6 +285,12 @@ def test_one_process_run_tracks_and_exports_a_model_open_clip_alone_loads(tiny_d
     reference, _, _, tok = create_model(TINY_RN)
     reference.load_state_dict(_weights_of_latest_checkpoint(out))
     reference.eval()
+    # the evaluate stage reads the same checkpoint file as a model (its `checkpoint` kind), the loss's entries left out
+    from components.evaluate import load_state_dict
+
+    tag = (out / "checkpoints" / "latest").read_text().strip()
+    as_evaluated = load_state_dict(out / "checkpoints" / tag / "mp_rank_00_model_states.pt")
+    assert set(as_evaluated) == set(reference.state_dict())
     torch.manual_seed(0)
     images = torch.randn(3, 3, 64, 64)
     got = torch.load(probe)
