@@ -105,9 +105,17 @@ def test_a_resolver_that_answers_differently_the_second_time_cannot_redirect_the
     from components.shared.params import DownloadParams
 
     victim_hits, mirror_hits = [], []
-    victim = _serve("127.0.0.1", 0, b"this machine's secret", victim_hits)  # what rebinding would reach
-    port = victim.server_address[1]
-    mirror = _serve("127.0.0.2", port, b"the mirror's image", mirror_hits)  # the address the check admits
+    for _ in range(20):  # one port on both addresses: a port free on 127.0.0.1 may be taken on 127.0.0.2
+        victim = _serve("127.0.0.1", 0, b"this machine's secret", victim_hits)  # what rebinding would reach
+        port = victim.server_address[1]
+        try:
+            mirror = _serve("127.0.0.2", port, b"the mirror's image", mirror_hits)  # the address the check admits
+            break
+        except OSError:
+            victim.shutdown()
+            victim.server_close()
+    else:
+        pytest.fail("no port free on both 127.0.0.1 and 127.0.0.2")
     real, answers = socket.getaddrinfo, []
 
     def rebinding(host, *args, **kwargs):  # first answer: the admitted mirror; every later one: loopback
