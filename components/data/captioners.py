@@ -37,18 +37,24 @@ def clean(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def plain_text(text: str, tokenizer) -> str:
-    """``text`` (a caption or alt-text from the data) made safe to place inside a prompt: on one line, so it cannot
-    open a turn of its own ("\nassistant: ..."), and with every special token of ``tokenizer`` broken by a space
-    after its first character ("</s>" -> "< /s>", "[SEP]" -> "[ SEP]"), so it is tokenised as the words it
-    looks like, never as the control token. Tokenizers match added tokens by their exact string, so the broken
-    form cannot match."""
-    text = clean(text)
+def special_strings(tokenizer) -> list[str]:
+    """The strings ``tokenizer`` turns into control tokens (its special and added special tokens), longest first:
+    what :func:`plain_text` breaks. Computed once per model, not per caption."""
     specials = set(getattr(tokenizer, "all_special_tokens", None) or [])
     for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
         if getattr(token, "special", False):
             specials.add(str(token.content))
-    for special in sorted((t for t in specials if len(t) > 1), key=len, reverse=True):
+    return sorted((t for t in specials if len(t) > 1), key=len, reverse=True)
+
+
+def plain_text(text: str, specials: list[str]) -> str:
+    """``text`` (a caption or alt-text from the data) made safe to place inside a prompt: on one line, so it cannot
+    open a turn of its own ("\\nassistant: ..."), and with every special token (``specials``: :func:`special_strings`)
+    broken by a space after its first character ("</s>" -> "< /s>", "[SEP]" -> "[ SEP]"), so it is tokenised as the
+    words it looks like, never as the control token. Tokenizers match added tokens by their exact string, so the
+    broken form cannot match."""
+    text = clean(text)
+    for special in specials:
         text = text.replace(special, f"{special[0]} {special[1:]}")
     return text
 
@@ -136,6 +142,7 @@ class TransformersCaptioner:
             if params.chat or (params.prompt and "{alt_text}" in params.prompt):
                 raise ValueError(f"{params.model}: a model without a joint processor takes only a fixed prompt (its caption's "
                                  "first words): no chat template, no {alt_text}")
+        self.specials = special_strings(self.tokenizer)
         self.model = AutoModelForImageTextToText.from_pretrained(params.model, dtype=self.dtype, trust_remote_code=trust)
         self.model = self.model.to(self.device).eval()
         self._torch = torch
@@ -144,7 +151,7 @@ class TransformersCaptioner:
         """The generate() inputs of a batch and the prompt ids the output will start with (or None)."""
         p = self.params
         images = [item.image for item in batch]
-        prompts = [p.prompt.format(alt_text=plain_text(item.source_caption, self.tokenizer)) for item in batch] if p.prompt else None
+        prompts = [p.prompt.format(alt_text=plain_text(item.source_caption, self.specials)) for item in batch] if p.prompt else None
         if self.processor is None:
             inputs = {"pixel_values": self.image_processor(images, return_tensors="pt")["pixel_values"]}
             prompt_ids = None

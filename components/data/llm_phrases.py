@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from components.data.captioners import plain_text, resolve_device, resolve_dtype
+from components.data.captioners import plain_text, resolve_device, resolve_dtype, special_strings
 from components.data.phrase_quality import fallback_phrases, filter_phrases
 
 # what an answer's line may start with besides the phrase: bullets and numbering ("- ", "2. ", "3) ")
@@ -66,6 +66,7 @@ class LlmPhraseExtractor:
         trust = refuse_remote_code(params.model, "llm.model", params.trust_remote_code)
         self.tokenizer = AutoTokenizer.from_pretrained(params.model, trust_remote_code=trust)
         self.tokenizer.padding_side = "left"  # every row's answer starts at the same column
+        self.specials = special_strings(self.tokenizer)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if params.chat and not getattr(self.tokenizer, "chat_template", None):
@@ -76,7 +77,7 @@ class LlmPhraseExtractor:
 
     def prompt(self, caption: str) -> str:
         # the caption is data: on one line, its special-token look-alikes broken (captioners.plain_text)
-        text = self.params.prompt.format(caption=plain_text(caption, self.tokenizer))
+        text = self.params.prompt.format(caption=plain_text(caption, self.specials))
         if not self.params.chat:
             return text
         return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
