@@ -21,11 +21,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import torch
 from PIL import Image
 from tqdm import tqdm
@@ -38,8 +40,8 @@ from components.shared.redact import redact
 from components.shared.safe_load import RemoteCodeRefused, UnsafeCheckpointError, load_torch_file
 from components.shared.stage_code import stage_code
 from components.suite import aro as aro_formats
-from components.suite import formats, long_captions
-from components.suite.report import bar_chart, flat_metrics, markdown_report
+from components.suite import formats, gallery, items, long_captions, retrieval
+from components.suite.report import bar_chart, flat_metrics, interval_json, markdown_report, paired_intervals
 
 MISSING_SHOWN = 5
 
@@ -86,7 +88,7 @@ def load_suite(params: EvaluateParams, nlp_loader=None) -> list[formats.Task]:
         tasks.append(formats.zero_shot(zs.data_root, "zero_shot", zs.templates, zs.classnames_file, zs.held_out_file, zs.readable_names))
     if b.retrieval.enabled:
         for name, file in b.retrieval.files.items():
-            tasks.append(formats.retrieval(b.retrieval.data_root / file, b.retrieval.images_of(name), f"retrieval/{name}", b.retrieval.split))
+            tasks.append(retrieval.retrieval(b.retrieval.data_root / file, b.retrieval.images_of(name), f"retrieval/{name}", b.retrieval.split))
     lc = b.long_captions
     if lc.enabled:
         tasks.append(long_captions.long_caption_retrieval(lc.data_root / lc.file, lc.images, "long_captions", lc.split))
@@ -298,24 +300,19 @@ def build_classifiers(model, tokenizer, tasks: list[formats.Task]) -> dict[str, 
     }
 
 
-def score_task(task: formats.Task, images: torch.Tensor, texts: torch.Tensor) -> dict[str, float]:
-    """All items, then (when the task flags them) the held-out and the seen items apart."""
-    out = {k: float(v) for k, v in task.score(images, texts, None).items()}
-    out["items"] = float(task.items)
-    if task.held_out is not None:
-        flags = torch.tensor(task.held_out)
-        for label, chosen in (("held_out", flags), ("seen", ~flags)):
-            idx = chosen.nonzero().squeeze(1)
-            if len(idx):
-                for k, v in task.score(images, texts, idx).items():
-                    out[f"{label}/{k}"] = float(v)
-                out[f"{label}/items"] = float(len(idx))
-    return out
+def score_task(task: formats.Task, images: torch.Tensor, texts: torch.Tensor) -> pa.Table:
+    """The task's per-item table for one model: every item's scores and outcomes (:mod:`components.suite.items`)."""
+    return items.item_table(task.name, task.headline, task.layout, task.score_items(images, texts))
+
+
+def results_of(tables: dict[str, pa.Table]) -> dict[str, dict[str, float]]:
+    """Each task's figures, aggregated from its per-item table: all items, then the held-out and the seen apart."""
+    return {name: items.results_of(table) for name, table in tables.items()}
 
 
 def evaluate_shared(model, preprocess, tokenizer, tasks: list[formats.Task], params: EvaluateParams, label: str = "",
-                    progress: bool = True) -> dict[str, dict[str, float]]:
-    """Every task, with each distinct image and text encoded once for all of them."""
+                    progress: bool = True) -> dict[str, pa.Table]:
+    """Every task's per-item table, with each distinct image and text encoded once for all of them."""
     image_index: dict[formats.ImageRef, int] = {}
     text_index: dict[str, int] = {}
     for task in tasks:
@@ -344,22 +341,26 @@ def evaluate_shared(model, preprocess, tokenizer, tasks: list[formats.Task], par
 
 
 def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: EvaluateParams, suite_fp: str, quiet: bool = False,
-                   resolved: tuple[str, Any] | None = None) -> dict[str, dict[str, float]]:
-    """One model's results on the loaded suite, from the cache when the same weights met the same suite
-    (``resolved``: :func:`resolve_model`'s answer when the caller has it)."""
+                   resolved: tuple[str, Any] | None = None) -> dict[str, pa.Table]:
+    """One model's per-item tables on the loaded suite (task name -> table), from the cache when the same weights met
+    the same suite (``resolved``: :func:`resolve_model`'s answer when the caller has it)."""
     kind, where = resolved or resolve_model(spec, params.cache_dir / "downloads")
     fp = hashlib.sha256(f"{model_fingerprint(kind, where)}:{suite_fp}".encode()).hexdigest()[:16]
-    cached = params.cache_dir / f"{spec.name}-{fp}.json"
-    if cached.is_file():
-        print(f"evaluate: {spec.name}: results of the same weights and suite found in {cached}", file=sys.stderr)
-        return json.loads(cached.read_text())
+    cached = params.cache_dir / f"{spec.name}-{fp}"
+    if (cached / CACHE_COMPLETE).is_file():
+        print(f"evaluate: {spec.name}: per-item results of the same weights and suite found in {cached}", file=sys.stderr)
+        return items.read_tables(cached, [t.name for t in tasks])
     model, preprocess, tokenizer = load_model(kind, where, spec)
     t0 = time.perf_counter()
     # quiet: a caller evaluating several models at once keeps one progress bar of its own
-    results = evaluate_shared(model, preprocess, tokenizer, tasks, params, label=spec.name, progress=not quiet)
+    tables = evaluate_shared(model, preprocess, tokenizer, tasks, params, label=spec.name, progress=not quiet)
     print(f"evaluate: {spec.name}: {len(tasks)} benchmarks in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    atomic_write_json(cached, results)
-    return results
+    items.write_tables(cached, tables)
+    atomic_write_json(cached / CACHE_COMPLETE, {"model": spec.name, "tasks": list(tables)})  # last: the folder is whole
+    return tables
+
+
+CACHE_COMPLETE = "complete.json"
 
 
 def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
@@ -371,24 +372,40 @@ def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
     suite_fp = suite_fingerprint(params, tasks)
     # every model is found before any is evaluated: a misspelt second model costs no time and touches nothing
     resolved = {spec.name: resolve_model(spec, params.cache_dir / "downloads") for spec in params.models}
-    per_model: dict[str, dict[str, dict[str, float]]] = {}
+    tables: dict[str, dict[str, pa.Table]] = {}
     meta: dict[str, str] = {}
     for spec in params.models:
         meta[spec.name] = spec.uri or f"{spec.arch} / {spec.pretrained}"
-        per_model[spec.name] = evaluate_model(spec, tasks, params, suite_fp, resolved=resolved[spec.name])
+        tables[spec.name] = evaluate_model(spec, tasks, params, suite_fp, resolved=resolved[spec.name])
     names = [m.name for m in params.models]
+    per_model = {name: results_of(tables[name]) for name in names}  # the figures, aggregated from the per-item tables
     flat = flat_metrics(tasks, per_model)
     out = params.output_dir
+    for name in names:
+        items.write_tables(out / "items" / name, tables[name])
+    for stale in (out / "items").iterdir():
+        if stale.is_dir() and stale.name not in names:  # a model no longer listed
+            shutil.rmtree(stale)
     atomic_write_json(out / "metrics.json", flat)
     for name in names:
         rows = [{"benchmark": t.name, "metric": t.headline, "value": round(per_model[name][t.name][t.headline], 5)} for t in tasks]
         atomic_write_json(out / "plots" / f"{name}.json", {"benchmarks": rows})
-    report = markdown_report(tasks, per_model, names, meta)
+    intervals = paired_intervals(tasks, tables, names, params.bootstrap.resamples, params.bootstrap.seed)
+    atomic_write_json(out / "intervals.json", interval_json(intervals))
+    galleries = []
+    if params.gallery.enabled and len(names) > 1:
+        g = params.gallery
+        pages = [gallery.Page("index.html" if k == 1 else f"{name}.html", names[0], name, tables[names[0]], tables[name])
+                 for k, name in enumerate(names) if k > 0]
+        galleries = gallery.write_gallery(out / "gallery", pages, tasks, g.per_outcome, g.seed, g.thumbnail_px)
+    report = markdown_report(tasks, per_model, names, meta, intervals, params.bootstrap.resamples,
+                             "gallery/index.html" if galleries else None)
     atomic_write_bytes(out / "benchmarks.md", report.encode())
     atomic_write_bytes(out / "benchmarks.png", bar_chart(tasks, per_model, names))
     if log_mlflow:
         log_to_mlflow(params, flat, out, names, suite_fp)
-    print(f"evaluate: wrote {out}/benchmarks.md, benchmarks.png, metrics.json in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    print(f"evaluate: wrote {out}/benchmarks.md, benchmarks.png, metrics.json, intervals.json, items/"
+          + (", gallery/index.html" if galleries else "") + f" in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return flat
 
 
@@ -400,8 +417,10 @@ def log_to_mlflow(params: EvaluateParams, flat: dict[str, float], out: Path, nam
         mlflow.set_tags({"stage": "evaluate", "models": ",".join(names), "suite_fingerprint": suite_fp})
         mlflow.log_params({k: v[:500] for k, v in flatten_params(params).items()})
         mlflow.log_metrics(flat)
-        for file in ("benchmarks.md", "benchmarks.png", "metrics.json"):
+        for file in ("benchmarks.md", "benchmarks.png", "metrics.json", "intervals.json"):
             mlflow.log_artifact(str(out / file))
+        if (out / "gallery").is_dir():
+            mlflow.log_artifacts(str(out / "gallery"), artifact_path="gallery")
 
 
 def main(argv: list[str] | None = None) -> int:

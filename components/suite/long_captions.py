@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
-from components.suite.formats import BenchmarkError, ImageRef, Task, _flags, retrieval_scorer
+from components.suite.formats import BenchmarkError, ImageRef, Task
+from components.suite.retrieval import retrieval_scorer
 
 FIELDS = ("example_id", "split", "image_file", "description")
 
@@ -48,5 +47,5 @@ def long_caption_retrieval(path: Path, image_root: Path, name: str, split: str) 
     rows = read_docci(path, split)
     images = [ImageRef(image_root / image) for image, _, _ in rows]
     texts = [description for _, description, _ in rows]
-    score = retrieval_scorer(len(images), torch.arange(len(rows)))
-    return Task(name, "long_retrieval", "mean_r1", images, texts, len(images), score, _flags([h for *_, h in rows]), str(path))
+    score, layout = retrieval_scorer(images, texts, list(range(len(rows))), [h for *_, h in rows])
+    return Task(name, "long_retrieval", "mean_r1", images, texts, len(images), score, layout, str(path))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from components.shared.reports import figure_png, pyplot
-from components.suite import formats
+from components.suite import formats, items
 
 # The tests whose negatives differ from the caption only in which attribute goes with which object: what a bag of
 # words cannot pass (C2LIP's target). Their mean is the ``binding`` group, beside the benchmark groups.
@@ -26,6 +26,40 @@ def summarize(tasks: list[formats.Task], results: dict[str, dict[str, float]]) -
     return {g: sum(v) / len(v) for g, v in groups.items()}
 
 
+def paired_intervals(tasks: list[formats.Task], tables: dict[str, dict[str, Any]], names: list[str], resamples: int,
+                     seed: int) -> dict[str, dict[str, Any]]:
+    """For every model after the first: its difference from the first with a paired bootstrap interval over items, for
+    every figure of every task (``tasks``: task -> key -> Interval) and for the summary groups (``groups``: the mean
+    of the tasks' headline differences, the draws averaged alike)."""
+    out = {}
+    ref = names[0]
+    for name in names[1:]:
+        per_task = {t.name: items.paired_differences(tables[ref][t.name], tables[name][t.name], resamples, seed) for t in tasks}
+        groups: dict[str, list[items.Interval]] = {}
+        for task in tasks:
+            for group in [task.group, *(["binding"] if task.name in BINDING_TASKS else [])]:
+                groups.setdefault(group, []).append(per_task[task.name][task.headline])
+                if (held := per_task[task.name].get(f"held_out/{task.headline}")) is not None:
+                    groups.setdefault(f"{group}_held_out", []).append(held)
+        out[name] = {"tasks": per_task, "groups": {g: items.mean_interval(v) for g, v in groups.items()}}
+    return out
+
+
+def interval_json(intervals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The intervals without their draws (reports/intervals.json)."""
+    return {name: {"groups": {g: i.as_dict() for g, i in v["groups"].items()},
+                   "tasks": {t: {k: i.as_dict() for k, i in keys.items()} for t, keys in v["tasks"].items()}}
+            for name, v in intervals.items()}
+
+
+def _delta(d: float | None, interval: items.Interval | None) -> str:
+    if d is None:
+        return "—"
+    if interval is None:
+        return f"{d:+.3f}"
+    return f"{d:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]{'†' if interval.excludes_zero else ''}"
+
+
 def flat_metrics(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
     flat = {}
     for model, results in per_model.items():
@@ -41,8 +75,10 @@ def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.3f}"
 
 
-def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str], meta: dict[str, Any]) -> str:
+def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str], meta: dict[str, Any],
+                    intervals: dict[str, dict[str, Any]] | None = None, resamples: int = 0, gallery: str | None = None) -> str:
     ref = names[0]
+    intervals = intervals or {}
     head = "| benchmark | metric | items | " + " | ".join(names) + "".join(f" | Δ {n} − {ref}" for n in names[1:]) + " |"
     sep = "|" + "---|" * (3 + len(names) + len(names) - 1)
     lines = [
@@ -56,6 +92,11 @@ def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, di
         "drawn in training (ShapesWorld); *seen* are the others (retrieval: those images and their captions as",
         "queries, ranked against every candidate).",
         "",
+        *([f"Δ cells: the difference, then its 95% paired bootstrap interval over the benchmark's items ({resamples:,} resamples of the "
+           "items, the same draws for both models; retrieval resamples images with their captions); † marks an interval that excludes 0. "
+           "A group's interval averages its benchmarks' draws. Method: docs/stages/evaluate.md.", ""] if intervals else []),
+        *([f"Per-item results: `items/<model>/<benchmark>.parquet`. What changed, item by item: [the failure gallery]({gallery}).", ""]
+          if gallery else []),
         "## Summary (mean of each benchmark's headline metric)",
         "",
         "| group | " + " | ".join(names) + "".join(f" | Δ {n} − {ref}" for n in names[1:]) + " |",
@@ -65,7 +106,8 @@ def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, di
     for g in summaries[ref]:
         vals = [summaries[n].get(g) for n in names]
         deltas = [None if v is None or vals[0] is None else v - vals[0] for v in vals[1:]]
-        lines.append(f"| {g} | " + " | ".join(_fmt(v) for v in vals) + "".join(f" | {'—' if d is None else f'{d:+.3f}'}" for d in deltas) + " |")
+        cells = [_delta(d, intervals.get(n, {}).get("groups", {}).get(g)) for n, d in zip(names[1:], deltas, strict=True)]
+        lines.append(f"| {g} | " + " | ".join(_fmt(v) for v in vals) + "".join(f" | {c}" for c in cells) + " |")
     lines += ["", "## Every metric", "", head, sep]
     for task in tasks:
         keys = list(per_model[ref][task.name])
@@ -74,12 +116,13 @@ def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, di
                 continue
             part, metric = (key.split("/", 1) if "/" in key else ("", key))
             bench = task.name + (f" *{part.replace('_', '-')}*" if part else "")
-            items = per_model[ref][task.name].get(f"{part}/items" if part else "items")
+            count = per_model[ref][task.name].get(f"{part}/items" if part else "items")
             vals = [per_model[n][task.name].get(key) for n in names]
-            deltas = [None if v is None else v - vals[0] for v in vals[1:]]
+            deltas = [None if v is None or vals[0] is None else v - vals[0] for v in vals[1:]]
+            cells = [_delta(d, intervals.get(n, {}).get("tasks", {}).get(task.name, {}).get(key)) for n, d in zip(names[1:], deltas, strict=True)]
             strong = "**" if metric == task.headline and not part else ""
-            lines.append(f"| {bench} | {strong}{metric}{strong} | {int(items) if items else ''} | " + " | ".join(_fmt(v) for v in vals)
-                         + "".join(f" | {'—' if d is None else f'{d:+.3f}'}" for d in deltas) + " |")
+            lines.append(f"| {bench} | {strong}{metric}{strong} | {int(count) if count else ''} | " + " | ".join(_fmt(v) for v in vals)
+                         + "".join(f" | {c}" for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
