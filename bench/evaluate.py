@@ -1,18 +1,24 @@
-"""Benchmark: the evaluate stage's shared encoding against encoding per benchmark.
+"""Benchmark: the evaluate stage's shared encoding against encoding per benchmark, and what the per-item tables cost.
 
-    python bench/evaluate.py [--model models/base/export] [--repeats 1]
+    python bench/evaluate.py [--model models/base/export] [--second-model models/train/export] [--repeats 1]
 
 On the default ShapesWorld suite (params/evaluate.yaml; build it with `dvc repro benchmarks`), for one
 model, times (a) the stage's path — every distinct image (file + crop) and text encoded once and shared
 by all benchmarks — and (b) each benchmark encoding its own images and texts, alternating the two so
 both see the same machine load. Prints the encodings each path does, both times, and the ratio b / a
 (target ≥ 3x), and checks that both paths give the same metrics.
+
+Then, for two models as the stage runs them: the time to encode and score every item (what any evaluation needs),
+the time to build the per-item tables and aggregate the figures from them, to write them as Parquet, and — once for
+the pair — the paired bootstrap intervals and the failure gallery; it prints each as a share of the first
+(target: tables + Parquet ≤ 15%).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +29,7 @@ import torch  # noqa: E402
 
 from components import evaluate as ev  # noqa: E402
 from components.shared.params import EvalModelSpec, load_params  # noqa: E402
+from components.suite import gallery, items, report  # noqa: E402
 
 
 def evaluate_per_benchmark(model, preprocess, tokenizer, tasks, params) -> dict[str, dict[str, float]]:
@@ -42,6 +49,7 @@ def evaluate_per_benchmark(model, preprocess, tokenizer, tasks, params) -> dict[
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "base" / "export"), help="export folder")
+    parser.add_argument("--second-model", default=str(ROOT / "models" / "train" / "export"), help="the export compared with --model")
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     params = load_params("evaluate", ROOT / "params" / "evaluate.yaml")
@@ -60,11 +68,66 @@ def main() -> int:
             start = time.perf_counter()
             results[name] = fn(model, preprocess, tokenizer, tasks, params)
             times[name].append(time.perf_counter() - start)
-    assert results["shared"] == results["per_benchmark"], "the two paths disagree"
+    assert ev.results_of(results["shared"]) == ev.results_of(results["per_benchmark"]), "the two paths disagree"
     shared, per = min(times["shared"]), min(times["per_benchmark"])
     print(f"shared encoding: {shared:.1f} s; per-benchmark encoding: {per:.1f} s; ratio {per / shared:.2f}x "
           f"(best of {args.repeats}; same metrics from both)")
+    per_item_costs(params, tasks, {"first": args.model, "second": args.second_model})
     return 0
+
+
+def encode_and_score(model, preprocess, tokenizer, tasks, params):
+    """What every evaluation needs: the shared encodings and each item's scores and outcomes (no table)."""
+    image_index, text_index = {}, {}
+    for task in tasks:
+        for ref in task.images:
+            image_index.setdefault(ref, len(image_index))
+        for text in task.texts:
+            text_index.setdefault(text, len(text_index))
+    images = ev.encode_images(model, preprocess, list(image_index), params.image_batch, params.workers, "images", False)
+    texts = ev.encode_texts(model, tokenizer, list(text_index), params.text_batch, "texts", False)
+    classifiers = ev.build_classifiers(model, tokenizer, tasks)
+    scored = {}
+    for task in tasks:
+        image_emb = images[torch.tensor([image_index[r] for r in task.images], dtype=torch.long)]
+        text_emb = classifiers[task.name] if task.needs_classifier is not None else (
+            texts[torch.tensor([text_index[t] for t in task.texts], dtype=torch.long)] if task.texts else texts)
+        scored[task.name] = task.score_items(image_emb, text_emb)
+    return scored
+
+
+def per_item_costs(params, tasks, exports: dict[str, str]) -> None:
+    base = {"score": 0.0, "tables": 0.0, "parquet": 0.0}
+    tables = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, uri in exports.items():
+            spec = EvalModelSpec(name=name, uri=uri)
+            model, preprocess, tokenizer = ev.load_model(*ev.resolve_model(spec, params.cache_dir), spec)
+            start = time.perf_counter()
+            with torch.no_grad():
+                scored = encode_and_score(model, preprocess, tokenizer, tasks, params)
+            base["score"] += time.perf_counter() - start
+            start = time.perf_counter()
+            tables[name] = {t.name: items.item_table(t.name, t.headline, t.layout, scored[t.name]) for t in tasks}
+            ev.results_of(tables[name])
+            base["tables"] += time.perf_counter() - start
+            start = time.perf_counter()
+            items.write_tables(Path(tmp) / name, tables[name])
+            base["parquet"] += time.perf_counter() - start
+        names = list(exports)
+        start = time.perf_counter()
+        report.paired_intervals(tasks, tables, names, params.bootstrap.resamples, params.bootstrap.seed)
+        bootstrap = time.perf_counter() - start
+        start = time.perf_counter()
+        gallery.write_gallery(Path(tmp) / "gallery", [gallery.Page("index.html", names[0], names[1], tables[names[0]], tables[names[1]])],
+                              tasks, params.gallery.per_outcome, params.gallery.seed, params.gallery.thumbnail_px)
+        drawn = time.perf_counter() - start
+    s = base["score"]
+    print(f"two models: encode + score every item {s:.1f} s; per-item tables + figures from them {base['tables']:.2f} s "
+          f"({base['tables'] / s:.1%}); Parquet {base['parquet']:.2f} s ({base['parquet'] / s:.1%}); "
+          f"tables + Parquet {(base['tables'] + base['parquet']) / s:.1%} of encode + score (target ≤ 15%)")
+    print(f"once per pair: paired bootstrap ({params.bootstrap.resamples} resamples, every figure) {bootstrap:.2f} s ({bootstrap / s:.1%}); "
+          f"failure gallery {drawn:.2f} s ({drawn / s:.1%})")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -193,7 +193,20 @@ def full(overrides: RunOverrides | None = None, register_version: bool = True, p
              f"Registered: `{registered['name']}` version {registered['version']} (aliases {registered['aliases']})" if registered else "Not registered.",
              "", _report_summary(), "", f"Full report: `{ROOT / 'reports' / 'benchmarks.md'}`"]
     create_markdown_artifact(markdown="\n".join(lines), key="c2lip-full", description="Benchmark summary of the run")
+    publish_galleries(ROOT / "reports" / "gallery", "c2lip-full-gallery")
     return result
+
+
+def publish_galleries(folder: Path, key: str) -> list[str]:
+    """A link artifact per failure-gallery page in ``folder`` (file:// links: the pages are static and local)."""
+    links = []
+    for page in sorted(folder.glob("*.html")) if folder.is_dir() else []:
+        link = page.resolve().as_uri()
+        suffix = "" if page.name == "index.html" else f"-{page.stem}"
+        create_link_artifact(link=link, link_text=f"failure gallery ({page.name})", key=_artifact_key(f"{key}{suffix}"),
+                             description="Items fixed, broken and missed by both models, with images, captions and scores")
+        links.append(link)
+    return links
 
 
 @flow(name="c2lip", log_prints=True)
@@ -213,6 +226,7 @@ def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, bench
     flat = ev.run(params)
     text = (params.output_dir / "benchmarks.md").read_text()
     create_markdown_artifact(markdown=text, key=_artifact_key(f"c2lip-evaluate-{model.name}"), description=f"Benchmarks of {model.name}")
+    publish_galleries(params.output_dir / "gallery", f"c2lip-evaluate-{model.name}-gallery")
     return {k: v for k, v in flat.items() if "/summary/" in k}
 
 
@@ -270,6 +284,7 @@ def compare_methods(overrides: CompareOverrides | None = None, wait_for_workspac
         summary = compare.run(params, execute=execute_as_tasks)
     text = (params.report_dir / "compare.md").read_text()
     create_markdown_artifact(markdown=text, key="c2lip-compare", description="Comparison of methods")
+    publish_galleries(params.report_dir / "gallery", "c2lip-compare-gallery")
     return {"arms": summary["arms"], "seeds": summary["seeds"], "paired": {a: {g: round(v["mean"], 4) for g, v in groups.items()}
             for a, groups in summary["paired"].items()}, "seconds": round(time.perf_counter() - started, 1)}
 

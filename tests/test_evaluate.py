@@ -10,6 +10,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import HANG_S, REPO
@@ -19,6 +21,7 @@ from components import evaluate as ev
 from components.shared.params import EvaluateParams, ParamsError, validate_params
 from components.suite import aro
 from components.suite import formats as bd
+from components.suite import retrieval as retrieval_reader
 
 D = 4
 
@@ -77,6 +80,20 @@ def halves(path: Path, left: int, right: int) -> None:
     img.save(path)
 
 
+def same_table(a, b) -> bool:
+    """Equal per-item tables (NaN, where a row has no such metric, equal to NaN)."""
+    if a.schema != b.schema:
+        return False
+    for name in a.column_names:
+        x, y = a.column(name), b.column(name)
+        if name.startswith("metric."):
+            if not np.array_equal(x.to_numpy(), y.to_numpy(), equal_nan=True):
+                return False
+        elif x.to_pylist() != y.to_pylist():
+            return False
+    return True
+
+
 def run_tasks(tasks, text_vecs):
     tok = StubTokenizer()
     model = StubClip(text_vecs, tok)
@@ -89,8 +106,8 @@ def run_tasks(tasks, text_vecs):
             texts = classifiers[task.name]
         else:
             texts = ev.encode_texts(model, tok, task.texts, params.text_batch, task.name) if task.texts else torch.zeros(0, images.shape[1])
-        assert ev.score_task(task, images, texts) == shared[task.name], task.name
-    return shared
+        assert same_table(ev.score_task(task, images, texts), shared[task.name]), task.name
+    return ev.results_of(shared)  # the figures, aggregated from the per-item tables as the stage does
 
 
 def write(path: Path, data) -> Path:
@@ -325,7 +342,7 @@ def test_two_models_evaluated_at_once_on_one_suite_each_get_their_own_results(tm
                     barrier.wait(timeout=HANG_S)  # only a hang fails
                 return super().encode_text(ids, normalize)
 
-        return ev.evaluate_shared(Overlapping(vecs, tok), stub_preprocess, tok, tasks, params, progress=False)
+        return ev.results_of(ev.evaluate_shared(Overlapping(vecs, tok), stub_preprocess, tok, tasks, params, progress=False))
 
     alone = [evaluate(text_a), evaluate(text_b)]
     assert alone[0]["zero_shot"]["top1"] == 1.0 and alone[1]["zero_shot"]["top1"] == 0.0
@@ -366,7 +383,7 @@ def test_retrieval_recall_both_directions(tmp_path, images):
         {"filename": "missing.png", "filepath": "", "split": "train", "sentences": [{"raw": "t"}]},  # other split: ignored
     ]}
     vecs = {"a0": on_axis(.9, 0), "a1": unit(.3, .954), "b0": on_axis(.8, 1)}
-    task = bd.retrieval(write(tmp_path / "ret" / "k.json", karpathy), images, "retrieval/x", "test")
+    task = retrieval_reader.retrieval(write(tmp_path / "ret" / "k.json", karpathy), images, "retrieval/x", "test")
     out = run_tasks([task], vecs)["retrieval/x"]
     # a1 prefers image b; image b prefers a1 over its own b0
     assert out["text_to_image_r1"] == pytest.approx(2 / 3) and out["image_to_text_r1"] == 0.5
@@ -738,11 +755,35 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
     logged = runs[0].data.metrics
     assert logged["export/sugarcrepe/swap_att/acc"] == flat["export/sugarcrepe/swap_att/acc"]
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(runs[0].info.run_id)}
-    assert artifacts == {"benchmarks.md", "benchmarks.png", "metrics.json"}
+    assert artifacts == {"benchmarks.md", "benchmarks.png", "metrics.json", "intervals.json", "gallery"}
+    gallery_files = {a.path for a in mlflow.MlflowClient().list_artifacts(runs[0].info.run_id, "gallery")}
+    assert {"gallery/index.html", "gallery/registry.html", "gallery/thumbs"} == gallery_files
+    assert "[the failure gallery](gallery/index.html)" in report and (out / "gallery" / "index.html").is_file()
+
+    # every benchmark's per-item table, recomputed here with pandas alone, gives metrics.json's figures
+    tasks = ev.load_suite(params)
+    for model in ("export", "checkpoint"):
+        for task in tasks:
+            figure = recomputed_headline(pq.read_table(out / "items" / model / f"{task.name}.parquet"))
+            assert figure == pytest.approx(flat[f"{model}/{task.name}/{task.headline}"], abs=1e-5), (model, task.name)
 
     # a re-run (e.g. after a kill) takes finished models from the cache: no model is loaded again
     monkeypatch.setattr(ev, "load_model", lambda *a: pytest.fail("a cached model was evaluated again"))
     assert ev.run(params, log_mlflow=False) == flat
+
+
+def recomputed_headline(table) -> float:
+    """A benchmark's headline figure from its per-item Parquet table, with pandas and the table's own metadata only."""
+    meta = json.loads(table.schema.metadata[b"c2lip"])
+    df = table.to_pandas()
+    if meta["aggregation"] == "retrieval":
+        return (df["metric.image_to_text_r1"].mean() + df["metric.text_to_image_r1"].mean()) / 2  # pandas skips NaN
+    if meta["aggregation"] == "macro":
+        per_group = df.groupby("group")["metric.micro_acc"].mean()
+        if meta["headline"] == "macro_acc":
+            per_group = per_group[per_group.index.isin(meta["counted"])]
+        return per_group.mean()
+    return df[f"metric.{meta['headline']}"].mean()
 
 
 def test_readmes_real_file_recipe_is_valid_params():

@@ -14,6 +14,7 @@ from components.data import shapesworld_rules as rules
 from components.shared.params import BenchmarksParams, ShapesWorldParams
 from components.suite import aro, long_captions
 from components.suite import formats as bd
+from components.suite import retrieval as retrieval_reader
 
 
 def obj(color, shape, size, row, col):
@@ -106,7 +107,7 @@ def test_benchmarks_stage_writes_every_benchmark_readable_by_the_evaluate_reader
               aro.aro_vg(out / "aro" / "visual_genome_attribution.json", images, "att", "attribution"),
               bd.winoground(out / "winoground" / "examples.jsonl", images, "wino"),
               bd.zero_shot(out / "zero_shot", "zs", ["a {}."], "classnames.txt", "held_out_classes.txt"),
-              bd.retrieval(out / "retrieval" / "karpathy_test.json", images, "ret", "test"),
+              retrieval_reader.retrieval(out / "retrieval" / "karpathy_test.json", images, "ret", "test"),
               long_captions.long_caption_retrieval(out / "long_captions" / "docci_descriptions.jsonlines", images, "long", "test")]
     for task in tasks:
         assert task.items > 0, task.name

@@ -85,6 +85,8 @@ def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, fl
                 deltas.append("(reference)" if arm == ref else (f"{_cell(d, True)} ({d['positive']}/{len(d['values'])})" if d else "–"))
             lines.append(f"| {arm} | " + " | ".join(cells) + " | " + " | ".join(deltas) + " |")
         lines.append("")
+    if summary.get("intervals"):
+        lines += intervals_section(summary, ref)
     if any(descriptions.values()):
         lines += ["## Arms", ""] + [f"- `{a}`: {descriptions[a]}" for a in arms if descriptions[a]] + [""]
     lines += ["## Every benchmark (headline metric, mean ± sd over seeds)", "", "| benchmark | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
@@ -103,6 +105,31 @@ def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, fl
     lines += ["", "Training throughput (samples/s, one torch thread, two runs at a time): " +
               ", ".join(f"{a} {m[a]['train/samples_per_s']['mean']:.0f}" for a in arms if 'train/samples_per_s' in m[a]), ""]
     return "\n".join(lines)
+
+
+def _interval(i: dict[str, Any] | None) -> str:
+    if not i:
+        return "–"
+    return f"{i['delta']:+.3f} [{i['low']:+.3f}, {i['high']:+.3f}]{'†' if i['excludes_zero'] else ''}"
+
+
+def intervals_section(summary: dict[str, Any], ref: str) -> list[str]:
+    """Each arm − reference with a paired bootstrap interval over the benchmarks' items: pooled over seeds, then seed by seed."""
+    groups = [g for g in (*GROUPS, *(f"{g}_held_out" for g in GROUPS)) if any(g in v["pooled"] for v in summary["intervals"].values())]
+    lines = ["## Paired differences with item-bootstrap intervals", "",
+             f"Arm − `{ref}` on the same items, with the 95% paired bootstrap interval over items (the same item draws for both "
+             "models and in every seed); *pooled*: the mean over seeds of each seed's difference, its interval from the same draws "
+             "averaged. † marks an interval that excludes 0. These intervals say what the items allow for these trained models; "
+             "the ± over seeds above says how much training runs differ.", "",
+             "| arm | seed | " + " | ".join(groups) + " |", "|---|---|" + "---:|" * len(groups)]
+    for arm, v in summary["intervals"].items():
+        lines.append(f"| {arm} | pooled | " + " | ".join(_interval(v["pooled"].get(g)) for g in groups) + " |")
+        for seed, per in v["per_seed"].items():
+            lines.append(f"| {arm} | {seed} | " + " | ".join(_interval(per.get(g)) for g in groups) + " |")
+    if summary.get("galleries"):
+        lines += ["", "Failure galleries (each arm's first seed against the reference's): "
+                  + ", ".join(f"[{page}](gallery/{page})" for page in summary["galleries"]) + "."]
+    return lines + [""]
 
 
 def chart(summary: dict[str, Any]) -> bytes:
