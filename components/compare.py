@@ -301,7 +301,8 @@ def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
 def item_level(params: CompareParams, runs: list[Run], suite: Suite) -> tuple[dict[str, Any], list[str]]:
     """Every arm against the reference item by item: the summary groups' paired bootstrap intervals per seed and pooled
     over seeds (the mean of the seeds' differences, the same item draws in every seed), and one failure-gallery page
-    per arm (its first seed against the reference's same seed) under report_dir/gallery/."""
+    per arm (its first seed against the reference's same seed) under report_dir/compare-gallery/ (report_dir/gallery/ is the
+    evaluate stage's when the two share a folder)."""
     from components.suite import gallery
 
     names = [t.name for t in suite.tasks]
@@ -329,7 +330,7 @@ def item_level(params: CompareParams, runs: list[Run], suite: Suite) -> tuple[di
     written = []
     g = suite.params.gallery
     if pages and g.enabled:
-        written = [p.name for p in gallery.write_gallery(params.report_dir / "gallery", pages, suite.tasks, g.per_outcome, g.seed, g.thumbnail_px)]
+        written = [p.name for p in gallery.write_gallery(params.report_dir / "compare-gallery", pages, suite.tasks, g.per_outcome, g.seed, g.thumbnail_px)]
     return out, written
 
 

@@ -284,7 +284,7 @@ def compare_methods(overrides: CompareOverrides | None = None, wait_for_workspac
         summary = compare.run(params, execute=execute_as_tasks)
     text = (params.report_dir / "compare.md").read_text()
     create_markdown_artifact(markdown=text, key="c2lip-compare", description="Comparison of methods")
-    publish_galleries(params.report_dir / "gallery", "c2lip-compare-gallery")
+    publish_galleries(params.report_dir / "compare-gallery", "c2lip-compare-gallery")
     return {"arms": summary["arms"], "seeds": summary["seeds"], "paired": {a: {g: round(v["mean"], 4) for g, v in groups.items()}
             for a, groups in summary["paired"].items()}, "seconds": round(time.perf_counter() - started, 1)}
 

@@ -409,6 +409,16 @@ def test_the_compare_flow_trains_each_method_from_one_base_in_a_world_variant_an
     report = (tmp_path / "reports" / "compare.md").read_text()
     assert "| clic |" in report and "Held-out" in report and "3 colors × 4 shapes" in report
     assert (tmp_path / "reports" / "compare.png").stat().st_size > 10_000
+    # item by item: the paired interval per seed and pooled (one seed: the same), and a gallery page for the arm
+    summary = json.loads((tmp_path / "reports" / "compare.json").read_text())
+    pooled, seed0 = summary["intervals"]["clic"]["pooled"], summary["intervals"]["clic"]["per_seed"]["0"]
+    for group in ("compositional", "zero_shot", "retrieval"):
+        assert pooled[group]["delta"] == pytest.approx(results["clic"][f"summary/{group}"] - results["hp_hn"][f"summary/{group}"], abs=1e-4)
+        assert pooled[group] == seed0[group] and pooled[group]["low"] <= pooled[group]["delta"] <= pooled[group]["high"]
+    assert "## Paired differences with item-bootstrap intervals" in report and "(compare-gallery/clic.html)" in report
+    page = (tmp_path / "reports" / "compare-gallery" / "clic.html").read_text()
+    assert 'data-benchmark="sugarcrepe/swap_att"' in page and "hp_hn (seed 0)" in page
+    assert all((runs[a] / "items" / "sugarcrepe" / "swap_att.parquet").is_file() for a in runs)
     # run again: every run is found finished, nothing is retrained, the same report
     logs = {arm: (d / "train.log").stat().st_mtime_ns for arm, d in runs.items()}
     again = compare.run(params, log_mlflow=False)

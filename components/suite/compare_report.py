@@ -128,7 +128,7 @@ def intervals_section(summary: dict[str, Any], ref: str) -> list[str]:
             lines.append(f"| {arm} | {seed} | " + " | ".join(_interval(per.get(g)) for g in groups) + " |")
     if summary.get("galleries"):
         lines += ["", "Failure galleries (each arm's first seed against the reference's): "
-                  + ", ".join(f"[{page}](gallery/{page})" for page in summary["galleries"]) + "."]
+                  + ", ".join(f"[{page}](compare-gallery/{page})" for page in summary["galleries"]) + "."]
     return lines + [""]
 
 

@@ -4,6 +4,7 @@ copy. Pages of reports that do not exist yet (a fresh clone before `make run`) s
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import mkdocs_gen_files
@@ -41,13 +42,32 @@ def report_page(target: str, report: Path, chart: Path | None, title: str, how: 
 for name, path in ASSETS.items():
     copy(path, f"assets/{name}")
 
+def gallery_for(page_path: str, source: Path, prefix: str, target: str) -> None:
+    """The failure gallery a report links (``prefix``/…) copied into the site under ``target`` (beside the page) and the
+    links pointed there; without one (a fresh clone before `make run`) the links become text saying how to make it."""
+    pages = sorted(source.glob("*.html")) if source.is_dir() else []
+    for file in sorted(p for p in source.rglob("*") if p.is_file()) if pages else []:
+        copy(file, f"{Path(page_path).parent.as_posix()}/{target}/{file.relative_to(source).as_posix()}")
+    with mkdocs_gen_files.open(page_path, "r") as page:
+        text = page.read()
+    if pages:
+        text = text.replace(f"]({prefix}/", f"]({target}/")
+    else:
+        text = re.sub(rf"\[([^\]]+)\]\({re.escape(prefix)}/[^)]+\)", r"\1 (not made yet: `make run` writes it)", text)
+    with mkdocs_gen_files.open(page_path, "w") as page:
+        page.write(text)
+
+
 report_page("results/reports/benchmarks.md", REPORTS / "benchmarks.md", REPORTS / "benchmarks.png",
             "Benchmark report", "`make run` writes it (reports/benchmarks.md)")
+gallery_for("results/reports/benchmarks.md", REPORTS / "gallery", "gallery", "gallery")
 report_page("results/reports/compare.md", REPORTS / "compare.md", REPORTS / "compare.png",
             "Comparison of methods", "`make compare` writes it (reports/compare.md)")
+gallery_for("results/reports/compare.md", REPORTS / "compare-gallery", "compare-gallery", "compare-gallery")
 for folder in sorted(p for p in REPORTS.glob("*/") if (p / "compare.md").is_file()):
     report_page(f"results/reports/{folder.name}.md", folder / "compare.md", folder / "compare.png",
                 f"Comparison: {folder.name}", f"`python -m components.compare` with its preset writes it ({folder.name}/)")
+    gallery_for(f"results/reports/{folder.name}.md", folder / "compare-gallery", "compare-gallery", f"{folder.name}-gallery")
 
 
 def card_page(target: str, card: Path) -> None:
