@@ -168,7 +168,8 @@ def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
         assert adhoc["champion/zero_shot/top1"] == json.loads((work / "reports" / "metrics.json").read_text())["finetuned/zero_shot/top1"]
 
         artifacts = subprocess.run([prefect, "artifact", "ls"], env={**env, "COLUMNS": "250"}, capture_output=True, text=True)
-        assert all(key in artifacts.stdout for key in ("c2lip-full", "c2lip-promotion", "c2lip-evaluate-champion")), artifacts.stdout
+        assert all(key in artifacts.stdout for key in ("c2lip-full", "c2lip-full-gallery", "c2lip-promotion", "c2lip-evaluate-champion")), artifacts.stdout
+        assert (work / "reports" / "gallery" / "index.html").is_file()  # the link artifact's target
     finally:
         for proc in (served, server):
             if proc is not None and proc.poll() is None:

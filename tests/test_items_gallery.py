@@ -35,9 +35,9 @@ def sugarcrepe_task(tmp_path: Path, n: int = 60, name: str = "sugarcrepe/swap_at
 def model_tables(task: formats.Task, seed: int) -> dict:
     """One "model": seeded random unit embeddings for the task's images and texts, scored by the task's own rule."""
     g = torch.Generator().manual_seed(seed)
-    I = torch.nn.functional.normalize(torch.randn(len(task.images), 8, generator=g), dim=-1)
-    T = torch.nn.functional.normalize(torch.randn(len(task.texts), 8, generator=g), dim=-1)
-    return {task.name: ev.score_task(task, I, T)}
+    image_emb = torch.nn.functional.normalize(torch.randn(len(task.images), 8, generator=g), dim=-1)
+    text_emb = torch.nn.functional.normalize(torch.randn(len(task.texts), 8, generator=g), dim=-1)
+    return {task.name: ev.score_task(task, image_emb, text_emb)}
 
 
 # --------------------------------------------------------------------------------------------------
