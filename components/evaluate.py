@@ -348,8 +348,13 @@ def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: Evalu
     fp = hashlib.sha256(f"{model_fingerprint(kind, where)}:{suite_fp}".encode()).hexdigest()[:16]
     cached = params.cache_dir / f"{spec.name}-{fp}"
     if (cached / CACHE_COMPLETE).is_file():
-        print(f"evaluate: {spec.name}: per-item results of the same weights and suite found in {cached}", file=sys.stderr)
-        return items.read_tables(cached, [t.name for t in tasks])
+        try:
+            tables = items.read_tables(cached, [t.name for t in tasks])
+            print(f"evaluate: {spec.name}: per-item results of the same weights and suite found in {cached}", file=sys.stderr)
+            return tables
+        except CorruptFileError as err:  # a damaged cache entry costs a re-evaluation, never the run
+            print(f"evaluate: {spec.name}: cached results unusable ({err}); evaluating again", file=sys.stderr)
+            (cached / CACHE_COMPLETE).unlink()
     model, preprocess, tokenizer = load_model(kind, where, spec)
     t0 = time.perf_counter()
     # quiet: a caller evaluating several models at once keeps one progress bar of its own

@@ -768,8 +768,15 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
             assert figure == pytest.approx(flat[f"{model}/{task.name}/{task.headline}"], abs=1e-5), (model, task.name)
 
     # a re-run (e.g. after a kill) takes finished models from the cache: no model is loaded again
+    real_load = ev.load_model
     monkeypatch.setattr(ev, "load_model", lambda *a: pytest.fail("a cached model was evaluated again"))
     assert ev.run(params, log_mlflow=False) == flat
+    # a damaged cached table: that model is evaluated again (and only that one), same figures
+    damaged = next((tmp_path / "cache").glob("export-*/winoground.parquet"))
+    damaged.write_bytes(b"not parquet")
+    loaded = []
+    monkeypatch.setattr(ev, "load_model", lambda kind, where, spec: loaded.append(spec.name) or real_load(kind, where, spec))
+    assert ev.run(params, log_mlflow=False) == flat and loaded == ["export"]
 
 
 def recomputed_headline(table) -> float:
