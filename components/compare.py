@@ -47,10 +47,9 @@ from components.shared.params import (
 )
 from components.shared.processes import stage_process_setup
 from components.shared.stage_code import stage_code
-from components.suite import items
-from components.suite.compare_report import TRAIN_COLUMNS, aggregate, chart, logit_chart, markdown
+from components.suite.compare_report import TRAIN_COLUMNS, aggregate, chart, item_level, logit_chart, markdown
 from components.suite.formats import BenchmarkError
-from components.suite.report import paired_intervals
+from components.suite.items import write_tables
 
 
 @dataclass(frozen=True)
@@ -287,7 +286,7 @@ def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
     trained = time.time()
     spec = EvalModelSpec(name=run.arm, uri=str(run.train.output_dir / "export"))
     tables = evaluate.evaluate_model(spec, suite.tasks, suite.params, suite.fingerprint, quiet=True)
-    items.write_tables(run.dir / "items", tables)  # the paired intervals and the galleries compare runs item by item
+    write_tables(run.dir / "items", tables)  # the paired intervals and the galleries compare runs item by item
     flat = evaluate.flat_metrics(suite.tasks, {run.arm: evaluate.results_of(tables)})
     metrics = {k.split("/", 1)[1]: v for k, v in flat.items()}
     # the train stage's final figures: samples/s, logit scale and bias, and (zero_shot_eval) the held-out geometry
@@ -298,48 +297,12 @@ def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
     return metrics
 
 
-def item_level(params: CompareParams, runs: list[Run], suite: Suite) -> tuple[dict[str, Any], list[str]]:
-    """Every arm against the reference item by item: the summary groups' paired bootstrap intervals per seed and pooled
-    over seeds (the mean of the seeds' differences, the same item draws in every seed), and one failure-gallery page
-    per arm (its first seed against the reference's same seed) under report_dir/compare-gallery/ (report_dir/gallery/ is the
-    evaluate stage's when the two share a folder)."""
-    from components.suite import gallery
-
-    names = [t.name for t in suite.tasks]
-    tables = {r.label: items.read_tables(r.dir / "items", names) for r in runs if (r.dir / "items").is_dir()}
-    boot = suite.params.bootstrap
-    reference = {r.seed: r for r in runs if r.arm == params.reference}
-    out: dict[str, Any] = {}
-    pages = []
-    for arm in [a.name for a in params.arms if a.name != params.reference]:
-        per_seed: dict[int, dict[str, items.Interval]] = {}
-        for r in runs:
-            ref = reference.get(r.seed)
-            if r.arm != arm or ref is None or r.label not in tables or ref.label not in tables:
-                continue
-            pair = {"reference": tables[ref.label], "arm": tables[r.label]}
-            per_seed[r.seed] = paired_intervals(suite.tasks, pair, ["reference", "arm"], boot.resamples, boot.seed)["arm"]["groups"]
-            if not any(p.model == arm for p in pages):
-                pages.append(gallery.Page(f"{arm}.html", f"{params.reference} (seed {r.seed})", f"{arm} (seed {r.seed})",
-                                          tables[ref.label], tables[r.label]))
-        if per_seed:
-            groups = set.intersection(*(set(v) for v in per_seed.values()))
-            pooled = {g: items.mean_interval([v[g] for v in per_seed.values()]) for g in sorted(groups)}
-            out[arm] = {"pooled": {g: i.as_dict() for g, i in pooled.items()},
-                        "per_seed": {str(seed): {g: i.as_dict() for g, i in v.items()} for seed, v in per_seed.items()}}
-    written = []
-    g = suite.params.gallery
-    if pages and g.enabled:
-        written = [p.name for p in gallery.write_gallery(params.report_dir / "compare-gallery", pages, suite.tasks, g.per_outcome, g.seed, g.thumbnail_px)]
-    return out, written
-
-
 def write_report(params: CompareParams, runs: list[Run], results: dict[str, dict[str, float]], world: dict[str, float],
                  headlines: dict[str, str], not_applicable: list[str] | None = None, suite: Suite | None = None) -> dict[str, Any]:
     summary = aggregate(params, runs, results, headlines)
     summary["not_applicable"] = not_applicable or []
     if suite is not None:
-        summary["intervals"], summary["galleries"] = item_level(params, runs, suite)
+        summary["intervals"], summary["galleries"] = item_level(params, runs, suite.tasks, suite.params)
     t = runs[0].train
     budget = {"steps": t.steps, "global_batch": t.global_batch, "samples": t.steps * t.global_batch}
     summary.update(world=world, budget=budget)

@@ -8,6 +8,8 @@ from typing import Any
 
 from components.shared.params import CompareParams
 from components.shared.reports import figure_png, pyplot
+from components.suite import gallery, items
+from components.suite.report import paired_intervals
 
 GROUPS = ("binding", "compositional", "zero_shot", "retrieval")  # binding: components.suite.report.BINDING_TASKS
 
@@ -50,6 +52,40 @@ def aggregate(params: CompareParams, runs: list, results: dict[str, dict[str, fl
                 paired[arm][group] = {"values": [round(d, 6) for d in diffs], "mean": mean, "sd": sd, "positive": sum(d > 0 for d in diffs)}
     return {"arms": arms, "reference": params.reference, "seeds": list(params.seeds), "metrics": table, "paired": paired,
             "headlines": headlines or {}}
+
+
+def item_level(params: CompareParams, runs: list, tasks: list, evaluate: Any) -> tuple[dict[str, Any], list[str]]:
+    """Every arm against the reference item by item: the summary groups' paired bootstrap intervals per seed and pooled
+    over seeds (the mean of the seeds' differences, the same item draws in every seed), and one failure-gallery page
+    per arm (its first seed against the reference's same seed) under report_dir/compare-gallery/ (report_dir/gallery/ is the
+    evaluate stage's when the two share a folder)."""
+    names = [t.name for t in tasks]
+    tables = {r.label: items.read_tables(r.dir / "items", names) for r in runs if (r.dir / "items").is_dir()}
+    boot = evaluate.bootstrap
+    reference = {r.seed: r for r in runs if r.arm == params.reference}
+    out: dict[str, Any] = {}
+    pages = []
+    for arm in [a.name for a in params.arms if a.name != params.reference]:
+        per_seed: dict[int, dict[str, items.Interval]] = {}
+        for r in runs:
+            ref = reference.get(r.seed)
+            if r.arm != arm or ref is None or r.label not in tables or ref.label not in tables:
+                continue
+            pair = {"reference": tables[ref.label], "arm": tables[r.label]}
+            per_seed[r.seed] = paired_intervals(tasks, pair, ["reference", "arm"], boot.resamples, boot.seed)["arm"]["groups"]
+            if not any(p.model == arm for p in pages):
+                pages.append(gallery.Page(f"{arm}.html", f"{params.reference} (seed {r.seed})", f"{arm} (seed {r.seed})",
+                                          tables[ref.label], tables[r.label]))
+        if per_seed:
+            groups = set.intersection(*(set(v) for v in per_seed.values()))
+            pooled = {g: items.mean_interval([v[g] for v in per_seed.values()]) for g in sorted(groups)}
+            out[arm] = {"pooled": {g: i.as_dict() for g, i in pooled.items()},
+                        "per_seed": {str(seed): {g: i.as_dict() for g, i in v.items()} for seed, v in per_seed.items()}}
+    written = []
+    g = evaluate.gallery
+    if pages and g.enabled:
+        written = [p.name for p in gallery.write_gallery(params.report_dir / "compare-gallery", pages, tasks, g.per_outcome, g.seed, g.thumbnail_px)]
+    return out, written
 
 
 def _cell(stats: dict[str, Any] | None, signed: bool = False) -> str:
