@@ -47,7 +47,8 @@ from components.shared.params import (
 )
 from components.shared.processes import stage_process_setup
 from components.shared.stage_code import stage_code
-from components.suite.compare_report import TRAIN_COLUMNS, aggregate, chart, item_level, logit_chart, markdown
+from components.suite.applicable import applicable_suite
+from components.suite.compare_report import TRAIN_COLUMNS, aggregate, chart, curves_chart, item_level, logit_chart, markdown
 from components.suite.formats import BenchmarkError
 from components.suite.items import write_tables
 
@@ -87,6 +88,7 @@ def world_data(params: CompareParams) -> dict[str, Any]:
     train = {"data": {"shards": [str(root / "captions" / "train" / "*.tar")], "concepts_dir": str(root / "concepts" / "train"),
                       "recaptions_dir": str(root / "recaptions" / "train")},
              "test_shards": [str(root / "captions" / "test" / "*.tar")]}
+    train["curves"] = {"captions_params": str(root / "captions.yaml")}  # the learning curves' suite comes from this world too
     if params.world.caption_field:
         train["data"]["caption_field"] = params.world.caption_field
     return {"train": train, "benchmarks_root": root / "benchmarks", "manifest": root / "captions" / "manifest.parquet"}
@@ -171,44 +173,6 @@ def evaluate_params(params: CompareParams) -> EvaluateParams:
     return ev
 
 
-def _items(path: Path) -> int:
-    if not path.is_file():
-        return 0
-    if path.suffix == ".jsonl":
-        return sum(1 for line in path.read_text().splitlines() if line.strip())
-    return len(json.loads(path.read_text()))
-
-
-def applicable_suite(ev: EvaluateParams) -> list[str]:
-    """Drop (in place) the benchmarks a world variant's suite has no items for — relations in a world of
-    single objects, zero-shot classification in a world without them — and return their names."""
-    b, dropped = ev.benchmarks, []
-    for name in ("sugarcrepe", "sugarcrepe_pp"):
-        source = getattr(b, name)
-        if not source.enabled:
-            continue
-        keep = [s for s in source.subsets if _items(source.data_root / f"{s}.json")]
-        dropped += [f"{name}/{s}" for s in source.subsets if s not in keep]
-        source.subsets, source.enabled = (keep, True) if keep else (source.subsets, False)
-    hp = b.hard_positives
-    if hp.enabled:
-        keep = {s: f for s, f in hp.files.items() if _items(hp.data_root / hp.original_dir / f)}
-        dropped += [f"hard_positives/{s}" for s in hp.files if s not in keep]
-        hp.files, hp.enabled = (keep, True) if keep else (hp.files, False)
-    if b.aro.enabled:
-        for key, label in (("relation_file", "aro/vg_relation"), ("attribution_file", "aro/vg_attribution")):
-            if getattr(b.aro, key) and not _items(b.aro.data_root / getattr(b.aro, key)):
-                setattr(b.aro, key, None)
-                dropped.append(label)
-    if b.winoground.enabled and not _items(b.winoground.data_root / b.winoground.file):
-        b.winoground.enabled = False
-        dropped.append("winoground")
-    if b.zero_shot.enabled and not any(p.is_file() for p in Path(b.zero_shot.data_root).glob("*/*")):
-        b.zero_shot.enabled = False
-        dropped.append("zero_shot")
-    return dropped
-
-
 def plan(params: CompareParams) -> list[Run]:
     """Every (arm, seed) run with its validated train params; an invalid arm is named."""
     base = read_yaml(params.train_params)
@@ -259,7 +223,7 @@ def finished(run: Run, suite: Suite) -> dict[str, float] | None:
 
 
 # What the report keeps of each run's train metrics (components.train's final figures): throughput and its columns
-TRAIN_FIGURES = ("samples_per_s", *(key for key, _ in TRAIN_COLUMNS))
+TRAIN_FIGURES = ("samples_per_s", "curves_share", *(key for key, _ in TRAIN_COLUMNS))
 
 
 def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
@@ -313,6 +277,8 @@ def write_report(params: CompareParams, runs: list[Run], results: dict[str, dict
     curves = {r.label: (r.arm, json.loads(Path(r.train.plots_path).read_text())["loss"]) for r in runs if Path(r.train.plots_path).is_file()}
     if curves:
         atomic_write_bytes(out / "compare-logits.png", logit_chart(curves))
+    if any(any(k.startswith("track/") for p in points for k in p) for _, points in curves.values()):
+        atomic_write_bytes(out / "curves.png", curves_chart(curves, t.global_batch))
     return summary
 
 

@@ -110,7 +110,7 @@ def _looks_like_path(init: str) -> bool:
 
 # the params that do not change what a step computes (bookkeeping): a checkpoint made with other values resumes
 BOOKKEEPING_KEYS = {"output_dir", "checkpoint_every", "keep_checkpoints", "log_every", "zero_shot_eval", "zero_shot_every",
-                    "torch_threads", "metrics_path", "plots_path", "export_dtype", "test_shards", "mlflow_experiment"}
+                    "curves", "torch_threads", "metrics_path", "plots_path", "export_dtype", "test_shards", "mlflow_experiment"}
 
 
 def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
@@ -155,6 +155,8 @@ class Run:
     plot_points: list[dict] = field(default_factory=list)
     throughput: float = 0.0
     losses: dict[str, float] = field(default_factory=dict)
+    curves: Any = None  # components.curves.TrackingSuite when params.curves.enabled (rank 0)
+    started: float = 0.0  # wall clock when tracking began (the curves' share of the run)
 
 
 def train(params: TrainParams, stage: str) -> dict[str, float]:
@@ -248,10 +250,19 @@ def setup(params: TrainParams, stage: str) -> Run:
     history = ckpt_dir / str(resume_tag) / HISTORY_FILE
     if start_step and history.is_file():  # the curve of the steps before the kill (DVC removed the plots file)
         plot_points = [p for p in json.loads(history.read_text()) if p["step"] <= start_step]
+    curves, started = None, time.time()
+    if main and params.curves.enabled:
+        from components.curves import TrackingSuite
+
+        curves = TrackingSuite(params, transform_eval)
+        if start_step == 0:  # the curve starts where the model starts
+            figures = curves(engine.module.model, tokenizer)
+            plot_points.append({"step": 0, **figures})
+            tracker.log_metrics(figures, step=0)
     # a run resumed at its last step reports the figures its checkpoint recorded
     return Run(params, stage, rank, main, device, engine, scheduler, tokenizer, iter(loader), accumulation, ckpt_dir,
                start_step, zero_shot, tracker, plot_points, resumed_figures.get("samples_per_s", 0.0),
-               dict(resumed_figures.get("losses", {})))
+               dict(resumed_figures.get("losses", {})), curves, started)
 
 
 def calibrate(model, params: TrainParams, shards: list[str], rank: int, world: int, transform, tokenizer, main: bool) -> None:
@@ -301,7 +312,8 @@ def loop(run: Run) -> None:
             bar.update(1)
             bar.set_postfix(loss=f"{sums['loss']:.3f}", samples_s=f"{run.throughput:.0f}")
             check = bool(run.zero_shot) and params.zero_shot_every and step % params.zero_shot_every == 0 and step < params.steps
-            if check or step % params.log_every == 0 or step == params.steps:
+            track = run.curves is not None and (step % params.checkpoint_every == 0 or step == params.steps)
+            if check or track or step % params.log_every == 0 or step == params.steps:
                 model = engine.module.model
                 # s and b per logged step: their trajectories are part of the diagnosis (docs/results/what-this-shows.md "What this shows")
                 logits = {"logit_scale": model.logit_scale.exp().item(),
@@ -314,6 +326,12 @@ def loop(run: Run) -> None:
                     t0 += time.time() - started  # not training time
                     metrics.update(figures)
                     point["zero_shot_top1"] = round(figures["zero_shot_top1"], 4)
+                if track:  # the learning curves: the tracking suite at every checkpoint (not training time either)
+                    started = time.time()
+                    figures = run.curves(engine.module.model, run.tokenizer)
+                    t0 += time.time() - started
+                    metrics.update(figures)
+                    point.update(figures)
                 run.plot_points.append(point)
                 run.tracker.log_metrics(metrics, step=step)
         if step % params.checkpoint_every == 0 or step == params.steps:
@@ -344,6 +362,9 @@ def save(run: Run) -> dict[str, float]:
             result["logit_bias"] = model.logit_bias.item()
         if run.zero_shot:
             result.update(run.zero_shot(model, run.tokenizer))
+        if run.curves is not None:  # what the curves cost: seconds scoring against seconds training (this process)
+            result["curves_seconds"] = run.curves.seconds
+            result["curves_share"] = run.curves.seconds / max(time.time() - run.started, 1e-9)
         points = run.plot_points
         if "zero_shot_top1" in result and points and points[-1]["step"] == params.steps:
             points[-1]["zero_shot_top1"] = round(result["zero_shot_top1"], 4)

@@ -396,7 +396,11 @@ def test_the_compare_flow_trains_each_method_from_one_base_in_a_world_variant_an
         want = results["clic"][f"summary/{group}"] - results["hp_hn"][f"summary/{group}"]
         assert outcome["paired"]["clic"][group] == pytest.approx(want, abs=1e-4)
     assert all(yaml.safe_load((d / "train.yaml").read_text())["data"]["shards"] == [str(world / "captions" / "train" / "*.tar")] for d in runs.values())
-    losses = {arm: json.loads((d / "train_loss.json").read_text())["loss"] for arm, d in runs.items()}
+    points = {arm: json.loads((d / "train_loss.json").read_text())["loss"] for arm, d in runs.items()}
+    losses = {arm: [p for p in ps if p["step"] > 0] for arm, ps in points.items()}
+    # learning curves: the world's tracking suite scored at step 0 and at the checkpoint (step 2), drawn per arm
+    assert all([p["step"] for p in ps if "track/compositional" in p] == [0, 2] for ps in points.values())
+    assert (tmp_path / "reports" / "curves.png").stat().st_size > 10_000
     assert [sorted(k for k in p if k.endswith("_loss")) for p in losses["clic"]] == [
         ["clic_cont_loss", "clic_sneg_loss", "clic_uni_loss"], ["contrastive_loss"]]  # pair step, then a plain step
     assert all(p["loss"] > 0 for arm in losses for p in losses[arm])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import HANG_S, REPO, tiny_training_data
+from conftest import HANG_S, REPO, tiny_captions, tiny_training_data
 from pydantic import ValidationError
 
 from components import train as train_stage
@@ -239,13 +239,20 @@ def _weights_of_latest_checkpoint(out: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 def test_one_process_run_tracks_and_exports_a_model_open_clip_alone_loads(tiny_data, tmp_path, mlflow_env):
     out = tmp_path / "out"
-    params_file = write_params(tmp_path / "p.yaml", tiny_train(tiny_data, out, zero_shot_every=2))
+    world = tiny_captions(tmp_path, shapesworld={"test_images": 40}).model_dump(mode="json")
+    curves = {"enabled": True, "images": 40, "captions_params": str(write_params(tmp_path / "captions.yaml", world))}
+    params_file = write_params(tmp_path / "p.yaml", tiny_train(tiny_data, out, zero_shot_every=2, curves=curves))
     done = run_stage(params_file, mlflow_env)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 3 and np.isfinite(metrics["final_loss"]) and metrics["final_npc_loss"] > 0
     assert 0 <= metrics["zero_shot_top1"] <= 1 and metrics["zero_shot_images"] > 0
-    curve = json.loads((out / "loss.json").read_text())["loss"]
+    points = json.loads((out / "loss.json").read_text())["loss"]
+    # learning curves: the tracking suite at step 0 and at every checkpoint (2, and the last step)
+    tracked = [p["step"] for p in points if "track/binding" in p]
+    assert tracked == [0, 2, 3] and all(0 <= p["track/zero_shot"] <= 1 and "track/retrieval" in p for p in points if "track/binding" in p)
+    assert 0 < metrics["curves_share"] < 1 and metrics["curves_seconds"] > 0
+    curve = [p for p in points if p["step"] > 0]
     assert [p["step"] for p in curve] == [1, 2, 3] and {"contrastive_loss", "npc_loss", "xac_loss"} <= set(curve[0])
     # the zero-shot check ran during training (step 2) and at the end, and is on the curve
     assert "zero_shot_top1" not in curve[0] and 0 <= curve[1]["zero_shot_top1"] <= 1
@@ -265,6 +272,7 @@ def test_one_process_run_tracks_and_exports_a_model_open_clip_alone_loads(tiny_d
     client = mlflow.tracking.MlflowClient()
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3]
     assert 2 in [m.step for m in client.get_metric_history(run.info.run_id, "zero_shot_top1")]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "track/binding")] == [0, 2, 3]  # drawn by the MLflow UI
 
     # the export loads with open_clip alone (a fresh interpreter that never imports our code) and
     # gives the trained model's embeddings

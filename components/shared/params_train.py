@@ -207,6 +207,15 @@ class OptimParams(Strict):
     grad_clip: float = Field(1.0, ge=0, description="Gradient-norm clipping (0: off).")
 
 
+class CurveParams(Strict):
+    """Learning curves: a small slice of ShapesWorld's suite scored at step 0 and at every checkpoint (components/curves.py)."""
+
+    enabled: bool = Field(False, description="Score the tracking suite at step 0 and at every checkpoint (MLflow step metrics track/<group>).")
+    images: int = Field(200, ge=10, description="Test images of the tracking suite: the benchmarks stage's suite of the world's first N.")
+    seed: int = Field(0, ge=0, description="Seed of the tracking suite's item choices.")
+    captions_params: Path = Field(Path("params/captions.yaml"), description="The captions params whose world the suite comes from.")
+
+
 class TrainParams(Strict):
     """The base and train stages: DeepSpeed fine-tuning (or from-scratch training) of an open_clip model."""
 
@@ -235,6 +244,7 @@ class TrainParams(Strict):
     zero_shot_eval: bool = Field(True, description="After training, zero-shot top-1 on ShapesWorld single-object test images (when the data is ShapesWorld).")
     zero_shot_every: int = Field(50, ge=0, description="Steps between zero-shot checks during training (logged and plotted); 0: only at the end.")
     test_shards: list[str] = Field(default_factory=lambda: ["data/captions/test/*.tar"], description="Shards for the zero-shot check.")
+    curves: CurveParams = Field(default_factory=CurveParams, description="Learning curves on a small slice of the benchmark suite.")
     mlflow_experiment: str = Field("c2lip", min_length=1, description="MLflow experiment name (tracking URI from MLFLOW_TRACKING_URI, else mlruns.db).")
 
     @model_validator(mode="after")

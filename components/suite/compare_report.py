@@ -138,6 +138,10 @@ def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, fl
                   "| arm | " + " | ".join(label for _, label in geometry) + " |", "|---|" + "---:|" * len(geometry)]
         for arm in arms:
             lines.append(f"| {arm} | " + " | ".join(_cell(m[arm].get(f"train/{key}")) for key, _ in geometry) + " |")
+    shares = [m[a]["train/curves_share"]["mean"] for a in arms if "train/curves_share" in m[a]]
+    if shares:
+        lines += ["", f"Learning curves on the tracking suite (step 0 and every checkpoint): curves.png; scoring them took "
+                  f"{min(shares):.0%}–{max(shares):.0%} of each run's time (mean over seeds, per arm)."]
     lines += ["", "Training throughput (samples/s, one torch thread, two runs at a time): " +
               ", ".join(f"{a} {m[a]['train/samples_per_s']['mean']:.0f}" for a in arms if 'train/samples_per_s' in m[a]), ""]
     return "\n".join(lines)
@@ -220,4 +224,37 @@ def logit_chart(curves: dict[str, tuple[str, list[dict]]]) -> bytes:
     handles = [plt.Line2D([], [], color=colors(i % 10), label=arm) for i, arm in enumerate(arms)]
     fig.legend(handles=handles, loc="center right", fontsize=8)
     fig.tight_layout(rect=(0, 0, 0.84, 1))
+    return figure_png(fig)
+
+
+CURVE_GROUPS = ("binding", "compositional", "zero_shot", "zero_shot_held_out", "retrieval")  # components.curves.TRACKED
+
+
+def curves_chart(curves: dict[str, tuple[str, list[dict]]], global_batch: int) -> bytes:
+    """Learning curves: each tracked group against samples seen, one line per arm (the mean over its seeds) with a band
+    from the lowest to the highest seed."""
+    plt = pyplot()
+    import numpy as np
+
+    arms = list(dict.fromkeys(arm for arm, _ in curves.values()))
+    colors = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, len(CURVE_GROUPS), figsize=(4 * len(CURVE_GROUPS), 3.6), dpi=100, squeeze=False)
+    for ax, group in zip(axes[0], CURVE_GROUPS, strict=True):
+        key = f"track/{group}"
+        for k, arm in enumerate(arms):
+            runs = [{p["step"]: p[key] for p in points if key in p} for a, points in curves.values() if a == arm]
+            steps = sorted(set.intersection(*(set(r) for r in runs))) if runs else []
+            if not steps:
+                continue
+            values = np.array([[r[s] for s in steps] for r in runs])  # [seeds, points]
+            x = np.array(steps) * global_batch
+            ax.plot(x, values.mean(axis=0), color=colors(k % 10), lw=1.5, label=f"{arm} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+            if len(runs) > 1:
+                ax.fill_between(x, values.min(axis=0), values.max(axis=0), color=colors(k % 10), alpha=0.2)
+        ax.set_title(group.replace("_", " "))
+        ax.set_xlabel("samples seen")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("learning curves on the tracking suite (line: mean over seeds; band: lowest to highest seed)", fontsize=9)
+    fig.tight_layout()
     return figure_png(fig)

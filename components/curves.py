@@ -1,0 +1,100 @@
+"""Learning curves: a small, fixed slice of ShapesWorld's benchmark suite scored while a model trains — at step 0 and
+at every checkpoint — so a run shows *when* binding, composition, zero-shot and retrieval move, not only where they end.
+
+The train stage calls :class:`TrackingSuite` (``curves.enabled``); the figures go to MLflow as step metrics
+(``track/<group>``, drawn by the MLflow UI), to the run's plots file (``curves``) and, through the comparison, to
+``curves.png``. The slice is the benchmarks stage's own suite built from the first ``curves.images`` test images of
+the world (every format, the same rules, held-out items included), written once under the run's output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from components.shared.atomic import fingerprint
+from components.shared.params import BenchmarksParams, EvaluateParams, TrainParams, load_params, validate_params
+
+# the summary groups a curve follows (components.suite.report.summarize), in the order charts show them
+TRACKED = ("binding", "compositional", "zero_shot", "zero_shot_held_out", "retrieval")
+SUITE_DIR = "tracking_suite"
+
+
+def suite_params(root: Path) -> EvaluateParams:
+    """The evaluate params of a tracking suite at ``root``: the benchmarks the tracked groups need (SugarCrepe,
+    SugarCrepe++, Winoground, zero-shot, retrieval); ARO, the hard positives and long captions are left to the
+    final evaluation."""
+    r = str(root)
+    return validate_params("evaluate", {
+        "models": [{"name": "tracked", "uri": "unused"}], "workers": 0,
+        "benchmarks": {
+            "sugarcrepe": {"data_root": f"{r}/sugar_crepe", "image_root": f"{r}/images"},
+            "sugarcrepe_pp": {"data_root": f"{r}/sugar_crepe_pp", "image_root": f"{r}/images"},
+            "winoground": {"data_root": f"{r}/winoground", "image_root": f"{r}/images"},
+            "zero_shot": {"data_root": f"{r}/zero_shot"},
+            "retrieval": {"data_root": f"{r}/retrieval", "image_root": f"{r}/images"},
+            **{name: {"enabled": False, "data_root": "unused"} for name in ("hard_positives", "aro", "long_captions")},
+        }}, "the tracking suite")
+
+
+def build_tracking_suite(params: TrainParams) -> Path:
+    """The run's tracking suite (built once; rebuilt when the world or its size changed)."""
+    from components import benchmarks
+
+    bench = BenchmarksParams(captions_params=params.curves.captions_params, images=params.curves.images, seed=params.curves.seed)
+    captions = load_params("captions", bench.captions_params)
+    stamp = fingerprint({"bench": bench.model_dump(mode="json"), "world": captions.shapesworld.model_dump(mode="json"),
+                         "seed": captions.seed}, [])
+    root = params.output_dir / SUITE_DIR
+    marker = root / "_suite.json"
+    if marker.is_file() and json.loads(marker.read_text()).get("fingerprint") == stamp:
+        return root
+    tmp = root.with_name(root.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    benchmarks.build_suite(bench, captions, tmp)
+    (tmp / "_suite.json").write_text(json.dumps({"fingerprint": stamp}))
+    shutil.rmtree(root, ignore_errors=True)
+    tmp.rename(root)
+    return root
+
+
+class TrackingSuite:
+    """The tracking suite, loaded once; called with the model in training, returns ``track/<group>`` figures."""
+
+    def __init__(self, params: TrainParams, preprocess):
+        from components import evaluate
+        from components.suite.applicable import applicable_suite
+
+        self.params = suite_params(build_tracking_suite(params))
+        applicable_suite(self.params)  # a small world may have no items for some benchmark: it is left out
+        self.tasks = evaluate.load_suite(self.params)
+        evaluate.check_images(self.tasks)
+        self.preprocess = preprocess
+        self.seconds = 0.0  # time spent scoring, for the cost the run reports
+
+    @torch.no_grad()
+    def __call__(self, model, tokenizer) -> dict[str, float]:
+        from components import evaluate
+        from components.suite.report import summarize
+
+        started = time.perf_counter()
+        was_training = model.training
+        model.eval()
+        try:
+            tables = evaluate.evaluate_shared(model, self.preprocess, tokenizer, self.tasks, self.params, progress=False)
+        finally:
+            model.train(was_training)
+        groups = summarize(self.tasks, evaluate.results_of(tables))
+        self.seconds += time.perf_counter() - started
+        return {f"track/{g}": round(groups[g], 5) for g in TRACKED if g in groups}
+
+
+def curve_points(plots: dict[str, Any], global_batch: int) -> list[dict[str, float]]:
+    """A run's tracked points from its plots file, with the samples seen at each."""
+    return [{**p, "samples": p["step"] * global_batch} for p in plots.get("curves", [])]
