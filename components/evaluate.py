@@ -9,11 +9,13 @@ from their official file formats (:mod:`components.suite.formats`); by default S
 the benchmarks stage.
 
 Each distinct image (file + crop box) is encoded once per model and shared by every benchmark that uses
-it; each distinct text likewise. Outputs under ``output_dir``: ``metrics.json`` (flat keys
-``<model>/<benchmark>/<metric>``, DVC metrics), ``plots/<model>.json`` (DVC plots), ``benchmarks.md``
-(benchmark × metric, the models side by side, differences against the first) and ``benchmarks.png``;
-the same numbers and files go to one MLflow run. A model's results are cached under ``cache_dir`` by a
-fingerprint of its weights, the suite's files and this code, so a killed run resumes where it stopped.
+it; each distinct text likewise. Every item is scored into a per-item table (:mod:`components.suite.items`) and
+every figure is aggregated from those rows. Outputs under ``output_dir``: ``items/<model>/<benchmark>.parquet``,
+``metrics.json`` (flat keys ``<model>/<benchmark>/<metric>``, DVC metrics), ``plots/<model>.json`` (DVC plots),
+``benchmarks.md`` (benchmark × metric, the models side by side, differences against the first with paired bootstrap
+intervals over items), ``intervals.json``, ``benchmarks.png`` and the failure gallery ``gallery/``; the same numbers
+and files go to one MLflow run. A model's per-item tables are cached under ``cache_dir`` by a fingerprint of its
+weights, the suite's files and this code, so a killed run resumes where it stopped.
 """
 
 from __future__ import annotations
