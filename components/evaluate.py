@@ -9,8 +9,8 @@ from their official file formats (:mod:`components.suite.formats`); by default S
 the benchmarks stage.
 
 Each distinct image (file + crop box) is encoded once per model and shared by every benchmark that uses
-it; each distinct text likewise. Every item is scored into a per-item table (:mod:`components.suite.items`) and
-every figure is aggregated from those rows. Outputs under ``output_dir``: ``items/<model>/<benchmark>.parquet``,
+it; each distinct text likewise. Every figure is aggregated from per-item tables (:mod:`components.suite.items`).
+Outputs under ``output_dir``: ``items/<model>/<benchmark>.parquet``,
 ``metrics.json`` (flat keys ``<model>/<benchmark>/<metric>``, DVC metrics), ``plots/<model>.json`` (DVC plots),
 ``benchmarks.md`` (benchmark × metric, the models side by side, differences against the first with paired bootstrap
 intervals over items), ``intervals.json``, ``benchmarks.png`` and the failure gallery ``gallery/``; the same numbers
@@ -34,7 +34,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json
+from components.shared.atomic import ENTRY_NAME, CorruptFileError, atomic_write_bytes, atomic_write_json
 from components.shared.checkpoints import EXPORT_CONFIG, check_export, refuse_export_code  # what our exports (and MLflow-registered models) hold
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
 from components.shared.processes import stage_process_setup
@@ -46,6 +46,7 @@ from components.suite import formats, gallery, items, long_captions, retrieval
 from components.suite.report import bar_chart, flat_metrics, interval_json, markdown_report, paired_intervals
 
 MISSING_SHOWN = 5
+CACHE_COMPLETE = "complete.json"  # written last into a model's cache folder: its tables are whole
 
 
 class EvaluateError(ValueError):
@@ -94,6 +95,9 @@ def load_suite(params: EvaluateParams, nlp_loader=None) -> list[formats.Task]:
     lc = b.long_captions
     if lc.enabled:
         tasks.append(long_captions.long_caption_retrieval(lc.data_root / lc.file, lc.images, "long_captions", lc.split))
+    for task in tasks:  # its name becomes the path of its per-item table: "retrieval/../x" must not
+        if any(part in (".", "..") or not ENTRY_NAME.match(part) for part in task.name.split("/")):
+            raise EvaluateError(f"benchmark {task.name!r}: not a plain name (letters, digits, '_.-' between '/'); rename its params key")
     return tasks
 
 
@@ -365,9 +369,6 @@ def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: Evalu
     items.write_tables(cached, tables)
     atomic_write_json(cached / CACHE_COMPLETE, {"model": spec.name, "tasks": list(tables)})  # last: the folder is whole
     return tables
-
-
-CACHE_COMPLETE = "complete.json"
 
 
 def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:

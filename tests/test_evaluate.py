@@ -391,6 +391,22 @@ def test_retrieval_recall_both_directions(tmp_path, images):
     assert out["mean_r1"] == pytest.approx((0.5 + 2 / 3) / 2)
 
 
+def test_a_benchmark_name_that_would_leave_the_items_folder_is_refused(tmp_path, images):
+    """A retrieval file's params key becomes the benchmark's name and the path of its per-item table."""
+    karpathy = {"images": [{"filename": "a.png", "split": "test", "sentences": [{"raw": "a0"}]}]}
+    write(tmp_path / "ret" / "k.json", karpathy)
+    disabled = {name: {"enabled": False, "data_root": "unused"}
+                for name in ("sugarcrepe", "sugarcrepe_pp", "hard_positives", "aro", "winoground", "zero_shot", "long_captions")}
+    for key, refused in (("../escape", True), ("coco.v2", False)):
+        params = validate_params("evaluate", {"benchmarks": {**disabled, "retrieval": {
+            "data_root": str(tmp_path / "ret"), "image_root": str(images), "files": {key: "k.json"}}}})
+        if refused:
+            with pytest.raises(ev.EvaluateError, match="not a plain name"):
+                ev.load_suite(params)
+        else:
+            assert [t.name for t in ev.load_suite(params)] == [f"retrieval/{key}"]
+
+
 def test_long_caption_retrieval_reads_docci_and_scores_both_directions(tmp_path, images):
     from components.suite import long_captions
 
