@@ -90,16 +90,13 @@ def control_probe(features: np.ndarray, present: np.ndarray, train: np.ndarray) 
     return float(np.mean([fit_probe(features, present[:, c].astype(int), train) for c in range(present.shape[1])]))
 
 
-@torch.no_grad()
 def text_side(model, tokenizer, suite_file: Path) -> dict[str, float]:
     """Cosines of caption with swap and with paraphrase on SugarCrepe++ swap_att items, and the TOT share."""
+    from components.evaluate import encode_texts
+
     items = json.loads(suite_file.read_text())
-    caption, paraphrase, swap = ([item[k] for item in items] for k in ("caption", "caption2", "negative_caption"))
-
-    def encode(texts):
-        return torch.cat([model.encode_text(tokenizer(texts[k:k + 256]), normalize=True).float() for k in range(0, len(texts), 256)])
-
-    c, p, s = encode(caption), encode(paraphrase), encode(swap)
+    c, p, s = (encode_texts(model, tokenizer, [item[k] for item in items], 256, k, progress=False)
+               for k in ("caption", "caption2", "negative_caption"))
     cs, cp, ps = (c * s).sum(-1), (c * p).sum(-1), (p * s).sum(-1)
     return {"cos_caption_swap": float(cs.mean()), "cos_caption_paraphrase": float(cp.mean()),
             "text_only_tot": float(((cp > cs) & (cp > ps)).float().mean()), "items": float(len(items))}

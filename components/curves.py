@@ -2,7 +2,7 @@
 at every checkpoint — so a run shows *when* binding, composition, zero-shot and retrieval move, not only where they end.
 
 The train stage calls :class:`TrackingSuite` (``curves.enabled``); the figures go to MLflow as step metrics
-(``track/<group>``, drawn by the MLflow UI), to the run's plots file (``curves``) and, through the comparison, to
+(``track/<group>``, drawn by the MLflow UI), onto the points of the run's plots file and, through the comparison, to
 ``curves.png``. The slice is the benchmarks stage's own suite built from the first ``curves.images`` test images of
 the world (every format, the same rules, held-out items included), written once under the run's output folder.
 """
@@ -13,15 +13,12 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from components.shared.atomic import fingerprint
 from components.shared.params import BenchmarksParams, EvaluateParams, TrainParams, load_params, validate_params
 
-# the summary groups a curve follows (components.suite.report.summarize), in the order charts show them
-TRACKED = ("binding", "compositional", "zero_shot", "zero_shot_held_out", "retrieval")
 SUITE_DIR = "tracking_suite"
 
 
@@ -81,7 +78,7 @@ class TrackingSuite:
     @torch.no_grad()
     def __call__(self, model, tokenizer) -> dict[str, float]:
         from components import evaluate
-        from components.suite.report import summarize
+        from components.suite.report import TRACKED_GROUPS, summarize
 
         started = time.perf_counter()
         was_training = model.training
@@ -92,9 +89,5 @@ class TrackingSuite:
             model.train(was_training)
         groups = summarize(self.tasks, evaluate.results_of(tables))
         self.seconds += time.perf_counter() - started
-        return {f"track/{g}": round(groups[g], 5) for g in TRACKED if g in groups}
+        return {f"track/{g}": round(groups[g], 5) for g in TRACKED_GROUPS if g in groups}
 
-
-def curve_points(plots: dict[str, Any], global_batch: int) -> list[dict[str, float]]:
-    """A run's tracked points from its plots file, with the samples seen at each."""
-    return [{**p, "samples": p["step"] * global_batch} for p in plots.get("curves", [])]

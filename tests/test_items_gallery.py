@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import HANG_S
 from PIL import Image
 
 from components import evaluate as ev
@@ -118,6 +119,30 @@ def test_the_report_shows_each_difference_with_its_interval(tmp_path):
     assert (group.delta, group.low, group.high) == pytest.approx((i.delta, i.low, i.high))
 
 
+def test_the_comparison_pools_seeds_and_draws_each_arms_first_seed(tmp_path):
+    """Two seeds of a reference and an arm: per-seed intervals, their pooled mean, and one gallery page per arm
+    from its first seed (a later seed must not overwrite it)."""
+    from types import SimpleNamespace
+
+    from components.shared.params import validate_params
+    from components.suite.compare_report import item_level
+
+    task = sugarcrepe_task(tmp_path, n=90)
+    runs = []
+    for arm, offset in (("ref", 0), ("arm", 100)):
+        for seed in (0, 1):
+            run = SimpleNamespace(arm=arm, seed=seed, label=f"{arm}-s{seed}", dir=tmp_path / "runs" / arm / f"seed{seed}")
+            items.write_tables(run.dir / "items", model_tables(task, offset + seed))
+            runs.append(run)
+    params = SimpleNamespace(reference="ref", arms=[SimpleNamespace(name="ref"), SimpleNamespace(name="arm")], report_dir=tmp_path / "report")
+    intervals, pages = item_level(params, runs, [task], validate_params("evaluate", {"bootstrap": {"resamples": 200}}))
+    per_seed, pooled = intervals["arm"]["per_seed"], intervals["arm"]["pooled"]
+    assert set(per_seed) == {"0", "1"}
+    assert pooled["binding"]["delta"] == pytest.approx((per_seed["0"]["binding"]["delta"] + per_seed["1"]["binding"]["delta"]) / 2, abs=1e-6)
+    assert pages == ["arm.html"]
+    assert "arm (seed 0) against ref (seed 0)" in (tmp_path / "report" / "compare-gallery" / "arm.html").read_text()
+
+
 # --------------------------------------------------------------------------------------------------
 # the gallery in a real browser
 # --------------------------------------------------------------------------------------------------
@@ -147,8 +172,11 @@ def test_gallery_renders_every_image_and_its_filters_match_the_tables(tmp_path):
         expected[task.name] = {"fixed": pairs.count((False, True)), "broken": pairs.count((True, False)), "both_wrong": pairs.count((False, False))}
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # a loaded machine may be slow: only a hang fails (Playwright's own limits are 30 s)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], timeout=HANG_S * 1000)
         page = browser.new_page()
+        page.set_default_timeout(HANG_S * 1000)
+        page.set_default_navigation_timeout(HANG_S * 1000)
         requests = []
         page.on("request", lambda r: requests.append(r.url))
         page.goto((out / "index.html").as_uri())

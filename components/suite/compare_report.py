@@ -9,7 +9,7 @@ from typing import Any
 from components.shared.params import CompareParams
 from components.shared.reports import figure_png, pyplot
 from components.suite import gallery, items
-from components.suite.report import paired_intervals
+from components.suite.report import TRACKED_GROUPS, paired_intervals
 
 GROUPS = ("binding", "compositional", "zero_shot", "retrieval")  # binding: components.suite.report.BINDING_TASKS
 
@@ -73,7 +73,7 @@ def item_level(params: CompareParams, runs: list, tasks: list, evaluate: Any) ->
                 continue
             pair = {"reference": tables[ref.label], "arm": tables[r.label]}
             per_seed[r.seed] = paired_intervals(tasks, pair, ["reference", "arm"], boot.resamples, boot.seed)["arm"]["groups"]
-            if not any(p.model == arm for p in pages):
+            if not any(p.file == f"{arm}.html" for p in pages):  # the arm's first seed
                 pages.append(gallery.Page(f"{arm}.html", f"{params.reference} (seed {r.seed})", f"{arm} (seed {r.seed})",
                                           tables[ref.label], tables[r.label]))
         if per_seed:
@@ -227,9 +227,6 @@ def logit_chart(curves: dict[str, tuple[str, list[dict]]]) -> bytes:
     return figure_png(fig)
 
 
-CURVE_GROUPS = ("binding", "compositional", "zero_shot", "zero_shot_held_out", "retrieval")  # components.curves.TRACKED
-
-
 def curves_chart(curves: dict[str, tuple[str, list[dict]]], global_batch: int) -> bytes:
     """Learning curves: each tracked group against samples seen, one line per arm (the mean over its seeds) with a band
     from the lowest to the highest seed."""
@@ -238,8 +235,8 @@ def curves_chart(curves: dict[str, tuple[str, list[dict]]], global_batch: int) -
 
     arms = list(dict.fromkeys(arm for arm, _ in curves.values()))
     colors = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, len(CURVE_GROUPS), figsize=(4 * len(CURVE_GROUPS), 3.6), dpi=100, squeeze=False)
-    for ax, group in zip(axes[0], CURVE_GROUPS, strict=True):
+    fig, axes = plt.subplots(1, len(TRACKED_GROUPS), figsize=(4 * len(TRACKED_GROUPS), 3.6), dpi=100, squeeze=False)
+    for ax, group in zip(axes[0], TRACKED_GROUPS, strict=True):
         key = f"track/{group}"
         for k, arm in enumerate(arms):
             runs = [{p["step"]: p[key] for p in points if key in p} for a, points in curves.values() if a == arm]

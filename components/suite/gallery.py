@@ -45,12 +45,6 @@ def outcome_of(ref_correct: np.ndarray, new_correct: np.ndarray) -> np.ndarray:
     return out
 
 
-def counts(ref: pa.Table, new: pa.Table) -> dict[str, int]:
-    """How many items of a benchmark fall under each outcome (what the page's summary shows)."""
-    kind = outcome_of(*_correct(ref, new))
-    return {key: int((kind == key).sum()) for key, _, _ in OUTCOMES}
-
-
 def _correct(ref: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """The two models' headline outcome per item (the compositional benchmarks have one row per item)."""
     return ref.column("correct").to_numpy(zero_copy_only=False), new.column("correct").to_numpy(zero_copy_only=False)
@@ -95,7 +89,7 @@ def _card(task: str, row: dict, new_row: dict, kind: str, page: Page, thumbs: Pa
             f'{scores}<tr><td>outcome</td>{verdict}</tr></table></div>')
 
 
-def render_page(page: Page, tasks: list, thumbs: Path, per_outcome: int, seed: int, px: int, others: list[str]) -> str:
+def render_page(page: Page, tasks: list, thumbs: Path, per_outcome: int, seed: int, px: int, others: list[tuple[str, str]]) -> str:
     """One page's HTML; thumbnails are written into ``thumbs`` as cards need them."""
     shown = [t for t in tasks if t.group in GALLERY_GROUPS]
     cards, summary = [], []

@@ -140,7 +140,6 @@ class Rows:
     meta: dict[str, Any]
     outcomes: dict[str, np.ndarray]
     unit: np.ndarray
-    query: np.ndarray
     group: np.ndarray
     held_out: np.ndarray
 
@@ -148,16 +147,22 @@ class Rows:
     def of(cls, table: pa.Table) -> Rows:
         meta = table_meta(table)
         return cls(meta, {m: table.column(METRIC_PREFIX + m).to_numpy() for m in meta["metrics"]},
-                   table.column("unit").to_numpy(), np.asarray(table.column("query").to_pylist()),
-                   np.asarray(table.column("group").to_pylist()), table.column("held_out").to_numpy(zero_copy_only=False))
+                   table.column("unit").to_numpy(), np.asarray(table.column("group").to_pylist()), table.column("held_out").to_numpy(zero_copy_only=False))
 
     def subset(self, mask: np.ndarray) -> Rows:
-        return Rows(self.meta, {m: v[mask] for m, v in self.outcomes.items()}, self.unit[mask], self.query[mask], self.group[mask],
-                    self.held_out[mask])
+        return Rows(self.meta, {m: v[mask] for m, v in self.outcomes.items()}, self.unit[mask], self.group[mask], self.held_out[mask])
 
     @property
     def items(self) -> int:
         return int(len(np.unique(self.unit)))
+
+    def splits(self) -> list[tuple[str, np.ndarray | None]]:
+        """(prefix, row mask) of every part the report shows: all rows, then — when the task flags held-out items —
+        the held-out and the seen rows (``held_out/``, ``seen/``); parts with no rows left out."""
+        parts: list[tuple[str, np.ndarray | None]] = [("", None)]
+        if self.held_out.any():
+            parts += [(f"{label}/", self.held_out == flag) for label, flag in SPLITS if (self.held_out == flag).any()]
+        return parts
 
 
 def _weighted_mean(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -200,14 +205,11 @@ def results_of(table: pa.Table) -> dict[str, float]:
     """The figures the report shows for one task and model: every metric over all items, the item count, and (when
     the task flags held-out items) the same over the held-out and over the seen items, prefixed ``held_out/``, ``seen/``."""
     rows = Rows.of(table)
-    out = {k: float(v[0]) for k, v in aggregate(rows).items()}
-    out["items"] = float(rows.items)
-    if rows.held_out.any():
-        for label, flag in SPLITS:
-            part = rows.subset(rows.held_out == flag)
-            if len(part.unit):
-                out.update({f"{label}/{k}": float(v[0]) for k, v in aggregate(part).items()})
-                out[f"{label}/items"] = float(part.items)
+    out = {}
+    for prefix, mask in rows.splits():
+        part = rows if mask is None else rows.subset(mask)
+        out.update({f"{prefix}{k}": float(v[0]) for k, v in aggregate(part).items()})
+        out[f"{prefix}items"] = float(part.items)
     return out
 
 
@@ -263,14 +265,9 @@ def paired_differences(a: pa.Table, b: pa.Table, resamples: int = 1000, seed: in
         raise ValueError(f"{a.column('benchmark')[0]}: the two models' per-item tables hold different items; a paired difference needs the same items")
     ra, rb = Rows.of(a), Rows.of(b)
     name = str(a.column("benchmark")[0])
-    parts: list[tuple[str, np.ndarray | None]] = [("", None)]
-    if ra.held_out.any():
-        parts += [(f"{label}/", ra.held_out == flag) for label, flag in SPLITS]
     out: dict[str, Interval] = {}
-    for prefix, mask in parts:
+    for prefix, mask in ra.splits():
         pa_, pb = (ra, rb) if mask is None else (ra.subset(mask), rb.subset(mask))
-        if not len(pa_.unit):
-            continue
         fa, fb = aggregate(pa_), aggregate(pb)
         point = {k: fb[k][0] - v[0] for k, v in fa.items() if k in fb}
         draws: dict[str, list[np.ndarray]] = {k: [] for k in point}

@@ -11,6 +11,8 @@ from components.suite import formats, items
 # The tests whose negatives differ from the caption only in which attribute goes with which object: what a bag of
 # words cannot pass (C2LIP's target). Their mean is the ``binding`` group, beside the benchmark groups.
 BINDING_TASKS = ("sugarcrepe/swap_att", "sugarcrepe_pp/swap_att", "winoground")
+# the summary groups a learning curve follows (components.curves), in the order charts show them
+TRACKED_GROUPS = ("binding", "compositional", "zero_shot", "zero_shot_held_out", "retrieval")
 
 
 def summarize(tasks: list[formats.Task], results: dict[str, dict[str, float]]) -> dict[str, float]:
