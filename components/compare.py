@@ -113,7 +113,8 @@ def prepare_world(params: CompareParams) -> None:
     for key in ("min_objects", "max_objects", "train_images", "test_images"):
         if getattr(w, key) is not None:
             world[key] = getattr(w, key)
-    cap = {**cap, "shapesworld": world, "output_dir": str(root / "captions"), "source": "shapesworld"}
+    # the variant's stats stay in its folder: the pipeline's metrics/*.json are DVC outputs of the pipeline's own stages
+    cap = {**cap, "shapesworld": world, "output_dir": str(root / "captions"), "source": "shapesworld", "stats_path": str(root / "captions.json")}
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(root / "captions.yaml", yaml.safe_dump(cap, sort_keys=False).encode())
     captions_params = validate_params("captions", cap, root / "captions.yaml")
@@ -123,7 +124,7 @@ def prepare_world(params: CompareParams) -> None:
         recaption.run(validate_params("recaption", {"manifest": str(root / "captions" / "manifest.parquet"), "output_dir": str(root / "recaptions"),
                                                     "stats_path": str(root / "recaption.json"), "contact_sheet": None}))
     con = {**read_yaml(params.concepts_params), "manifest": str(root / "captions" / "manifest.parquet"), "output_dir": str(root / "concepts"),
-           "splits": ["train"], "recaptions": str(root / "recaptions" / "manifest.parquet")}
+           "stats_path": str(root / "concepts.json"), "splits": ["train"], "recaptions": str(root / "recaptions" / "manifest.parquet")}
     if w.caption_field:
         con["caption_field"] = w.caption_field
     concepts_params = validate_params("concepts", con, params.concepts_params)

@@ -383,7 +383,9 @@ def test_the_compare_flow_trains_each_method_from_one_base_in_a_world_variant_an
         "common": {"steps": 2, "global_batch": 8, "micro_batch": 8, "checkpoint_every": 2, "zero_shot_eval": False},
         "seeds": [0], "output_dir": str(tmp_path / "runs"), "report_dir": str(tmp_path / "reports"), "reference": "hp_hn",
         "arms": [{"name": n, "overrides": {"method": {"name": n}}} for n in ("hp_hn", "clic")]}
+    pipeline_metrics = {p: p.read_bytes() for p in (REPO / "metrics").glob("*.json")}
     outcome = c2lip_flows.compare_methods(overrides=overrides)
+    assert {p: p.read_bytes() for p in (REPO / "metrics").glob("*.json")} == pipeline_metrics  # the variant's stats stay in its folder
 
     world = next((tmp_path / "runs").glob("world-*"))
     assert list(yaml.safe_load((world / "captions.yaml").read_text())["shapesworld"]["colors"]) == ["red", "green", "blue"]
