@@ -464,3 +464,44 @@ def test_resnet_attnpool_token_features_are_what_the_pool_outputs_for_a_single_p
     assert torch.equal(pooled, model.encode_image(_images(2)))
     side = model.visual.image_size[0] // 32 if isinstance(model.visual.image_size, tuple) else model.visual.image_size // 32
     assert tokens.shape == (2, side * side, 128)
+
+
+# --------------------------------------------------------------------------------------------------
+# the faster layouts change nothing the model computes
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [TINY_SIGLIP, TINY_CLIP, TINY_RN])
+def test_batch_first_text_blocks_compute_what_torch_multihead_attention_blocks_compute(name):
+    """The tiny configs build open_clip's batch-first text blocks (block_type custom, faster on CPU); a
+    checkpoint of the default nn.MultiheadAttention blocks loads into them by the same keys, to the same outputs."""
+    model, tokenizer = _model(name)
+    assert type(getattr(model, "text", model).transformer.resblocks[0]).__name__ == "CustomResidualAttentionBlock"
+    torch.manual_seed(0)
+    default = open_clip.create_model(name, nonscalar_logit_scale=True, text_cfg={**open_clip.get_model_config(name)["text_cfg"],
+                                                                                 "block_type": "default"})
+    assert isinstance(getattr(default, "text", default).transformer.resblocks[0].attn, torch.nn.MultiheadAttention)
+    model.load_state_dict(default.state_dict())  # strict: the same parameter names
+    tokens = tokenizer(["a red circle left of a blue square", "a square", "blue"])
+    model.eval(), default.eval()
+    with torch.no_grad():
+        assert torch.allclose(model.encode_text(tokens), default.encode_text(tokens), atol=1e-6)
+
+
+def test_an_empty_text_batch_encodes_to_no_rows_and_keeps_the_graph():
+    model, tokenizer = _model(TINY_RN)
+    module = TrainingModule(model, C2LIPLoss())
+    empty = module.encode_text(tokenizer(["x"])[:0])
+    assert empty.shape == (0, 128)
+    (empty.sum() + module.encode_text(tokenizer(["x"])).sum()).backward()
+    assert model.text.token_embedding.weight.grad is not None
+
+
+def test_a_conv_image_tower_reads_channels_last_images_to_the_same_features():
+    model, _ = _model(TINY_RN)
+    model.eval()
+    module = TrainingModule(model, C2LIPLoss())
+    assert module.channels_last and not TrainingModule(_model(TINY_SIGLIP)[0], C2LIPLoss()).channels_last
+    images = _images(4)
+    with torch.no_grad():
+        assert torch.allclose(module.encode_image(images), model.encode_image(images.contiguous(), normalize=True), atol=1e-5)

@@ -288,5 +288,7 @@ def encode_concepts(model, phrase_tokens: torch.Tensor, inverse: torch.Tensor | 
     occurrence to its row, so a phrase shared by several images is encoded once (gather's backward adds
     the gradients of its occurrences, so loss and gradients equal those of encoding each occurrence).
     """
+    if len(phrase_tokens) == 0:  # open_clip's batch-first attention cannot reshape an empty batch: encode one row, keep none
+        return encode_text_at_length(model, phrase_tokens.new_zeros(1, phrase_tokens.shape[1]))[:0]
     features = encode_text_at_length(model, phrase_tokens)
     return features if inverse is None else features[inverse]
