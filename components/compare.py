@@ -48,7 +48,7 @@ from components.shared.params import (
 from components.shared.processes import stage_process_setup
 from components.shared.stage_code import stage_code
 from components.suite.applicable import applicable_suite
-from components.suite.compare_report import TRAIN_COLUMNS, aggregate, chart, curves_chart, item_level, logit_chart, markdown
+from components.suite.compare_report import TRAIN_COLUMNS, aggregate, chart, curves_chart, item_level, logit_chart, markdown, samples_to_reach
 from components.suite.formats import BenchmarkError
 from components.suite.items import write_tables
 
@@ -270,12 +270,12 @@ def write_report(params: CompareParams, runs: list[Run], results: dict[str, dict
         summary["intervals"], summary["galleries"] = item_level(params, runs, suite.tasks, suite.params)
     t = runs[0].train
     budget = {"steps": t.steps, "global_batch": t.global_batch, "samples": t.steps * t.global_batch}
-    summary.update(world=world, budget=budget)
+    curves = {r.label: (r.arm, json.loads(Path(r.train.plots_path).read_text())["loss"]) for r in runs if Path(r.train.plots_path).is_file()}
+    summary.update(world=world, budget=budget, reach=samples_to_reach(curves, t.global_batch))
     out = params.report_dir
     atomic_write_json(out / "compare.json", summary)
     atomic_write_bytes(out / "compare.md", markdown(params, summary, world, budget).encode())
     atomic_write_bytes(out / "compare.png", chart(summary))
-    curves = {r.label: (r.arm, json.loads(Path(r.train.plots_path).read_text())["loss"]) for r in runs if Path(r.train.plots_path).is_file()}
     if curves:
         atomic_write_bytes(out / "compare-logits.png", logit_chart(curves))
     if any(any(k.startswith("track/") for p in points for k in p) for _, points in curves.values()):

@@ -78,7 +78,7 @@ class TrackingSuite:
     @torch.no_grad()
     def __call__(self, model, tokenizer) -> dict[str, float]:
         from components import evaluate
-        from components.suite.report import TRACKED_GROUPS, summarize
+        from components.suite.report import tracked_figures
 
         started = time.perf_counter()
         was_training = model.training
@@ -87,7 +87,7 @@ class TrackingSuite:
             tables = evaluate.evaluate_shared(model, self.preprocess, tokenizer, self.tasks, self.params, progress=False)
         finally:
             model.train(was_training)
-        groups = summarize(self.tasks, evaluate.results_of(tables))
+        figures = tracked_figures(self.tasks, evaluate.results_of(tables))
         self.seconds += time.perf_counter() - started
-        return {f"track/{g}": round(groups[g], 5) for g in TRACKED_GROUPS if g in groups}
+        return {f"track/{name}": round(value, 5) for name, value in figures.items()}
 

@@ -402,6 +402,10 @@ def test_the_compare_flow_trains_each_method_from_one_base_in_a_world_variant_an
     losses = {arm: [p for p in ps if p["step"] > 0] for arm, ps in points.items()}
     # learning curves: the world's tracking suite scored at step 0 and at the checkpoint (step 2), drawn per arm
     assert all([p["step"] for p in ps if "track/compositional" in p] == [0, 2] for ps in points.values())
+    assert all(0 <= p["track/swap_att"] <= 1 for ps in points.values() for p in ps if "track/compositional" in p)
+    assert set(summary_reach := json.loads((tmp_path / "reports" / "compare.json").read_text())["reach"]) == {"hp_hn", "clic"}
+    assert all(len(runs) == 1 and runs[0]["last_samples"] == 16 for runs in summary_reach.values())  # 2 steps of 8
+    assert all("track/swap_att" in p for ps in points.values() for p in ps if "track/compositional" in p)
     assert (tmp_path / "reports" / "curves.png").stat().st_size > 10_000
     assert [sorted(k for k in p if k.endswith("_loss")) for p in losses["clic"]] == [
         ["clic_cont_loss", "clic_sneg_loss", "clic_uni_loss"], ["contrastive_loss"]]  # pair step, then a plain step
@@ -435,3 +439,19 @@ def test_the_compare_flow_trains_each_method_from_one_base_in_a_world_variant_an
 def _write(path, data):
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def test_samples_to_reach_swap_att_is_the_first_checkpoint_at_the_target_per_seed():
+    from components.suite.compare_report import reach_section, samples_to_reach
+
+    def run(values):
+        return [{"step": 0, "loss": 1.0}] + [{"step": 10 * k, "track/swap_att": v, "track/zero_shot": 0.9, "track/zero_shot_held_out": 0.5,
+                                               "track/retrieval": [0.2, 0.21, 0.22, 0.23][k]} for k, v in enumerate(values)]
+    curves = {"a/seed0": ("a", run([0.5, 0.59, 0.6, 0.55])), "a/seed1": ("a", run([0.5, 0.7, 0.4])),
+              "b/seed0": ("b", run([0.5, 0.52]))}
+    reach = samples_to_reach(curves, global_batch=4)
+    assert [(r["samples"], r["retrieval"]) for r in reach["a"]] == [(80, 0.22), (40, 0.21)]  # step 20 and step 10, × 4 samples
+    assert reach["b"] == [{"run": "b/seed0", "samples": None, "last_samples": 40, "final_swap_att": 0.52}]
+    table = "\n".join(reach_section(reach))
+    assert "| a | 80; 40 | 40 | 0.900 (0.500) | 0.215 |" in table
+    assert "| b | not reached by 40 (0.520) | not reached | – (–) | – |" in table

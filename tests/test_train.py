@@ -250,7 +250,8 @@ def test_one_process_run_tracks_and_exports_a_model_open_clip_alone_loads(tiny_d
     points = json.loads((out / "loss.json").read_text())["loss"]
     # learning curves: the tracking suite at step 0 and at every checkpoint (2, and the last step)
     tracked = [p["step"] for p in points if "track/binding" in p]
-    assert tracked == [0, 2, 3] and all(0 <= p["track/zero_shot"] <= 1 and "track/retrieval" in p for p in points if "track/binding" in p)
+    assert tracked == [0, 2, 3] and all(0 <= p["track/zero_shot"] <= 1 and "track/retrieval" in p and 0 <= p["track/swap_att"] <= 1
+                                        for p in points if "track/binding" in p)
     assert 0 < metrics["curves_share"] < 1 and metrics["curves_seconds"] > 0
     curve = [p for p in points if p["step"] > 0]
     assert [p["step"] for p in curve] == [1, 2, 3] and {"contrastive_loss", "npc_loss", "xac_loss"} <= set(curve[0])

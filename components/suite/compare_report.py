@@ -9,7 +9,7 @@ from typing import Any
 from components.shared.params import CompareParams
 from components.shared.reports import figure_png, pyplot
 from components.suite import gallery, items
-from components.suite.report import TRACKED_GROUPS, paired_intervals
+from components.suite.report import TRACKED, paired_intervals
 
 GROUPS = ("binding", "compositional", "zero_shot", "retrieval")  # binding: components.suite.report.BINDING_TASKS
 
@@ -121,6 +121,8 @@ def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, fl
                 deltas.append("(reference)" if arm == ref else (f"{_cell(d, True)} ({d['positive']}/{len(d['values'])})" if d else "–"))
             lines.append(f"| {arm} | " + " | ".join(cells) + " | " + " | ".join(deltas) + " |")
         lines.append("")
+    if summary.get("reach"):
+        lines += reach_section(summary["reach"])
     if summary.get("intervals"):
         lines += intervals_section(summary, ref)
     if any(descriptions.values()):
@@ -227,6 +229,46 @@ def logit_chart(curves: dict[str, tuple[str, list[dict]]]) -> bytes:
     return figure_png(fig)
 
 
+SWAP_ATT_TARGET = 0.6  # "samples to reach swap_att 0.6": where binding has clearly left chance (0.5) on the tracking suite
+
+
+def samples_to_reach(curves: dict[str, tuple[str, list[dict]]], global_batch: int, target: float = SWAP_ATT_TARGET) -> dict[str, Any]:
+    """Per arm and run (seed): the samples seen at the first tracked point whose swap_att is ≥ ``target`` (None: not
+    within the run), with zero-shot, its held-out pairs and retrieval at that point; and the last point's samples."""
+    out: dict[str, Any] = {}
+    for label, (arm, points) in curves.items():
+        tracked = [p for p in points if "track/swap_att" in p]
+        if not tracked:
+            continue
+        hit = next((p for p in tracked if p["track/swap_att"] >= target), None)
+        out.setdefault(arm, []).append({
+            "run": label, "samples": None if hit is None else hit["step"] * global_batch,
+            "last_samples": tracked[-1]["step"] * global_batch, "final_swap_att": tracked[-1]["track/swap_att"],
+            **({} if hit is None else {k.removeprefix("track/"): hit[k] for k in
+                                       ("track/zero_shot", "track/zero_shot_held_out", "track/retrieval") if k in hit})})
+    return out
+
+
+def reach_section(reach: dict[str, Any], target: float = SWAP_ATT_TARGET) -> list[str]:
+    """The markdown table of :func:`samples_to_reach`: the headline of a learning-curve comparison."""
+    lines = [f"## Samples to reach swap_att {target}", "",
+             f"On the tracking suite (SugarCrepe swap_att; chance 0.5), the first checkpoint at or above {target}, per seed; "
+             "zero-shot (held-out pairs) and retrieval R@1 at that checkpoint, mean over the seeds that reached it. "
+             "*not reached*: below it at every checkpoint up to the run's end (final swap_att given).", "",
+             "| arm | samples to reach, per seed | median | zero-shot (held-out) there | retrieval there |", "|---|---|---:|---:|---:|"]
+    for arm, runs in reach.items():
+        per_seed = [f"{r['samples']:,}" if r["samples"] is not None else f"not reached by {r['last_samples']:,} ({r['final_swap_att']:.3f})"
+                    for r in runs]
+        reached = [r for r in runs if r["samples"] is not None]
+        ordered = sorted(r["samples"] for r in reached) + [None] * (len(runs) - len(reached))
+        median = ordered[(len(ordered) - 1) // 2]
+        mean = {key: [r[key] for r in reached if key in r] for key in ("zero_shot", "zero_shot_held_out", "retrieval")}
+        mean = {key: f"{sum(v) / len(v):.3f}" if v else "–" for key, v in mean.items()}
+        lines.append(f"| {arm} | {'; '.join(per_seed)} | {f'{median:,}' if median is not None else 'not reached'} | "
+                     f"{mean['zero_shot']} ({mean['zero_shot_held_out']}) | {mean['retrieval']} |")
+    return lines + [""]
+
+
 def curves_chart(curves: dict[str, tuple[str, list[dict]]], global_batch: int) -> bytes:
     """Learning curves: each tracked group against samples seen, one line per arm (the mean over its seeds) with a band
     from the lowest to the highest seed."""
@@ -235,8 +277,8 @@ def curves_chart(curves: dict[str, tuple[str, list[dict]]], global_batch: int) -
 
     arms = list(dict.fromkeys(arm for arm, _ in curves.values()))
     colors = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, len(TRACKED_GROUPS), figsize=(4 * len(TRACKED_GROUPS), 3.6), dpi=100, squeeze=False)
-    for ax, group in zip(axes[0], TRACKED_GROUPS, strict=True):
+    fig, axes = plt.subplots(1, len(TRACKED), figsize=(3.6 * len(TRACKED), 3.6), dpi=100, squeeze=False)
+    for ax, group in zip(axes[0], TRACKED, strict=True):
         key = f"track/{group}"
         for k, arm in enumerate(arms):
             runs = [{p["step"]: p[key] for p in points if key in p} for a, points in curves.values() if a == arm]
@@ -249,6 +291,8 @@ def curves_chart(curves: dict[str, tuple[str, list[dict]]], global_batch: int) -
             if len(runs) > 1:
                 ax.fill_between(x, values.min(axis=0), values.max(axis=0), color=colors(k % 10), alpha=0.2)
         ax.set_title(group.replace("_", " "))
+        if group == "swap_att":  # the threshold "samples to reach swap_att 0.6" reads off
+            ax.axhline(SWAP_ATT_TARGET, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("samples seen")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)

@@ -13,6 +13,19 @@ from components.suite import formats, items
 BINDING_TASKS = ("sugarcrepe/swap_att", "sugarcrepe_pp/swap_att", "winoground")
 # the summary groups a learning curve follows (components.curves), in the order charts show them
 TRACKED_GROUPS = ("binding", "compositional", "zero_shot", "zero_shot_held_out", "retrieval")
+# and one test on its own: SugarCrepe's swap_att, the headline of "samples to reach swap_att 0.6"
+TRACKED_TASK = "sugarcrepe/swap_att"
+TRACKED = ("swap_att", *TRACKED_GROUPS)
+
+
+def tracked_figures(tasks: list[formats.Task], results: dict[str, dict[str, float]]) -> dict[str, float]:
+    """What a learning curve records at one point: :data:`TRACKED_GROUPS` and :data:`TRACKED_TASK`'s headline."""
+    groups = summarize(tasks, results)
+    figures = {g: groups[g] for g in TRACKED_GROUPS if g in groups}
+    task = next((t for t in tasks if t.name == TRACKED_TASK), None)
+    if task is not None:
+        figures["swap_att"] = results[task.name][task.headline]
+    return figures
 
 
 def summarize(tasks: list[formats.Task], results: dict[str, dict[str, float]]) -> dict[str, float]:
