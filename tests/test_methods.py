@@ -441,17 +441,17 @@ def _write(path, data):
     return path
 
 
-def test_samples_to_reach_swap_att_is_the_first_checkpoint_at_the_target_per_seed():
+def test_samples_to_reach_swap_att_is_the_first_checkpoint_from_which_it_stays_at_the_target():
     from components.suite.compare_report import reach_section, samples_to_reach
 
     def run(values):
         return [{"step": 0, "loss": 1.0}] + [{"step": 10 * k, "track/swap_att": v, "track/zero_shot": 0.9, "track/zero_shot_held_out": 0.5,
-                                               "track/retrieval": [0.2, 0.21, 0.22, 0.23][k]} for k, v in enumerate(values)]
-    curves = {"a/seed0": ("a", run([0.5, 0.59, 0.6, 0.55])), "a/seed1": ("a", run([0.5, 0.7, 0.4])),
-              "b/seed0": ("b", run([0.5, 0.52]))}
+                                               "track/retrieval": [0.2, 0.21, 0.22, 0.23, 0.24][k]} for k, v in enumerate(values)]
+    curves = {"a/seed0": ("a", run([0.5, 0.61, 0.55, 0.6, 0.7])), "a/seed1": ("a", run([0.5, 0.7, 0.65])),
+              "b/seed0": ("b", run([0.5, 0.7, 0.52]))}  # b touches 0.6 once and falls back: not reached
     reach = samples_to_reach(curves, global_batch=4)
-    assert [(r["samples"], r["retrieval"]) for r in reach["a"]] == [(80, 0.22), (40, 0.21)]  # step 20 and step 10, × 4 samples
-    assert reach["b"] == [{"run": "b/seed0", "samples": None, "last_samples": 40, "final_swap_att": 0.52}]
+    assert [(r["samples"], r["retrieval"]) for r in reach["a"]] == [(120, 0.23), (40, 0.21)]  # steps 30 and 10, × 4 samples
+    assert reach["b"] == [{"run": "b/seed0", "samples": None, "last_samples": 80, "final_swap_att": 0.52}]
     table = "\n".join(reach_section(reach))
-    assert "| a | 80; 40 | 40 | 0.900 (0.500) | 0.215 |" in table
-    assert "| b | not reached by 40 (0.520) | not reached | – (–) | – |" in table
+    assert "| a | 120; 40 | 40 | 0.900 (0.500) | 0.220 |" in table
+    assert "| b | not reached by 80 (0.520) | not reached | – (–) | – |" in table

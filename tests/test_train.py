@@ -447,3 +447,20 @@ def test_pruning_keeps_the_newest_checkpoints_and_never_the_one_latest_names(tmp
     (tmp_path / "latest").write_text("step00000001")  # e.g. a save that has not finished its pointer
     checkpoints.prune_checkpoints(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.glob("step*")) == ["step00000001", "step00000003", "step00000004"]
+
+
+def test_the_memo_tokenizer_gives_the_tokenizers_rows_and_starts_over_at_its_limit():
+    import pickle
+
+    import open_clip
+
+    from components.data.stream import MemoTokenizer
+
+    tokenizer = open_clip.get_tokenizer("c2lip-tiny-rn")
+    memo = MemoTokenizer(tokenizer, limit=3)
+    texts = ["a red circle", "a blue square", "a red circle", "two shapes"]
+    assert torch.equal(memo(texts), tokenizer(texts)) and len(memo.rows) == 3
+    assert torch.equal(memo(["a green cross", "a red circle"]), tokenizer(["a green cross", "a red circle"]))
+    assert len(memo.rows) == 2  # over the limit: started over with this call's texts
+    assert memo.context_length == tokenizer.context_length and memo([]).shape == tokenizer([]).shape
+    assert torch.equal(pickle.loads(pickle.dumps(memo))(["a red circle"]), tokenizer(["a red circle"]))

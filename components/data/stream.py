@@ -133,6 +133,32 @@ class BatchContext:
     trim_phrases: bool = False  # encode phrases at their own length (method.phrase_context, resolved per model)
 
 
+class MemoTokenizer:
+    """A tokenizer that keeps the token rows of the texts it has seen (up to ``limit``, then starts over): the
+    phrases of C2LIP's concept batch recur in every batch and the captions every epoch, and open_clip's tokenizer
+    (ftfy, regex BPE) is a third of a batch's loading time (bench/train.py). Rows are the tokenizer's own."""
+
+    def __init__(self, tokenizer: Callable, limit: int = 200_000):
+        self.tokenizer, self.limit, self.rows = tokenizer, limit, {}
+
+    def __call__(self, texts: list[str]) -> torch.Tensor:
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            return self.tokenizer(texts)
+        missing = list(dict.fromkeys(t for t in texts if t not in self.rows))
+        if len(self.rows) + len(missing) > self.limit:
+            self.rows.clear()
+            missing = list(dict.fromkeys(texts))
+        if missing:
+            self.rows.update(zip(missing, self.tokenizer(missing).clone(), strict=True))
+        return torch.stack([self.rows[t] for t in texts])
+
+    def __getattr__(self, name: str) -> Any:  # context_length and the rest: the tokenizer's own
+        if name == "tokenizer":  # not set yet (unpickling in a spawned data worker)
+            raise AttributeError(name)
+        return getattr(self.tokenizer, name)
+
+
 class TrainBatches(IterableDataset):
     """Micro-batches for one rank, from batch ``start`` on. With DataLoader workers, worker w decodes the
     batches b ≡ w (mod workers): DataLoader takes batches from its workers in that same round-robin
@@ -145,7 +171,7 @@ class TrainBatches(IterableDataset):
     def __init__(self, params, shards: list[str], rank: int, world: int, start: int, transform, tokenizer,
                  phrases: dict[str, list[str]] | None, build: Callable | None, accumulation: int = 1, trim_phrases: bool = False):
         self.params, self.shards, self.rank, self.world, self.start = params, shards, rank, world, start
-        self.transform, self.tokenizer, self.phrases = transform, tokenizer, phrases
+        self.transform, self.tokenizer, self.phrases = transform, MemoTokenizer(tokenizer), phrases
         self.build, self.accumulation, self.trim_phrases = build, accumulation, trim_phrases
         self._nlp: dict[str, Any] = {}
         self.undecodable = 0  # images skipped so far in this process (a data worker has its own count)

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The binding study on one GPU in about 10 minutes (docs/gpus.md "The binding study on one GPU"): the data stages
+# regenerate ShapesWorld, then params/presets/compare-binding-gpu.yaml runs (the methods from random weights and the
+# positive control from the web-like base, 3 seeds, learning curves, samples to reach swap_att 0.6).
+#
+#   infra/gpu/binding.sh [WHEELS]   # on the GPU machine; WHEELS: a folder of cp312 wheels for what its Python lacks
+#   DRY_RUN=1 infra/gpu/binding.sh  # on CPU first: the same commands, 2 steps of 8 per run, one seed
+#
+# Environment: PYTHON (default .venv/bin/python, else python3), LIMIT_S (the comparison's time limit, default 480 s;
+# a run cut off resumes from its checkpoints when the script is run again), OUT (a folder the report is copied to).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+if [ -n "${1:-}" ]; then
+  ls "$1"/*.whl >/dev/null || { echo "binding.sh: no wheels in $1" >&2; exit 2; }
+  "$PY" -m pip install --quiet --no-index --no-deps --target .gpu-site "$1"/*.whl
+  export PYTHONPATH="$PWD/.gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+started=$(date +%s)
+
+# captions, recaption and concepts skip finished shards; benchmarks rebuilds its suite (~90 s on 2 cores)
+for stage in captions recaption concepts benchmarks; do
+  "$PY" -m "components.$stage" --params "params/$stage.yaml"
+done
+echo "binding.sh: data ready after $(( $(date +%s) - started )) s"
+
+preset=params/presets/compare-binding-gpu.yaml
+report=reports/compare-binding-gpu
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  report=reports/dry-run-binding
+  preset=$(mktemp --suffix .yaml)
+  "$PY" - "$preset" "$report" <<'EOF'
+import sys
+
+import yaml
+
+out, report = sys.argv[1:]
+cfg = yaml.safe_load(open("params/presets/compare-binding-gpu.yaml"))
+cfg.update(seeds=[0], parallel=2, output_dir="models/compare-binding-dry-run", report_dir=report)
+cfg["common"].update(steps=2, global_batch=8, micro_batch=8, checkpoint_every=1)
+cfg["common"]["data"]["workers"] = 1
+yaml.safe_dump(cfg, open(out, "w"), sort_keys=False)
+EOF
+fi
+timeout "${LIMIT_S:-480}" "$PY" -m components.compare --params "$preset"
+echo "binding.sh: done after $(( $(date +%s) - started )) s; report: $report/compare.md, curves: $report/curves.png"
+if [ -n "${OUT:-}" ]; then
+  cp "$report"/compare.md "$report"/compare.json "$report"/curves.png "$OUT"/
+fi
