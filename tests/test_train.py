@@ -464,3 +464,21 @@ def test_the_memo_tokenizer_gives_the_tokenizers_rows_and_starts_over_at_its_lim
     assert len(memo.rows) == 2  # over the limit: started over with this call's texts
     assert memo.context_length == tokenizer.context_length and memo([]).shape == tokenizer([]).shape
     assert torch.equal(pickle.loads(pickle.dumps(memo))(["a red circle"]), tokenizer(["a red circle"]))
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_writing_its_first_checkpoint_starts_afresh_but_a_corrupted_finished_one_stops_it(tiny_data, tmp_path, mlflow_env):
+    out = tmp_path / "out"
+    params_file = write_params(tmp_path / "p.yaml", tiny_train(tiny_data, out, steps=2, checkpoint_every=2, zero_shot_eval=False))
+    assert run_stage(params_file, mlflow_env).returncode == 0
+    checkpoint = out / "checkpoints" / "step00000002"
+    (checkpoint / "_checksums.json").unlink()  # what a kill between DeepSpeed's save and the checksums leaves
+    again = run_stage(params_file, mlflow_env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "no checkpoint was finished" in again.stderr and "resumed from" not in again.stderr
+    assert (checkpoint / "_checksums.json").is_file() and json.loads((out / "metrics.json").read_text())["steps"] == 2
+    # a finished checkpoint whose file changed afterwards is damage to look at, not a kill: the run stops and says so
+    weights = checkpoint / "mp_rank_00_model_states.pt"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    stopped = run_stage(params_file, mlflow_env)
+    assert stopped.returncode != 0 and "no intact checkpoint to resume from" in stopped.stderr

@@ -95,6 +95,13 @@ def intact_checkpoint(ckpt_dir: Path) -> tuple[str | None, list[str]]:
     return None, problems
 
 
+def only_unfinished(ckpt_dir: Path) -> bool:
+    """Whether every checkpoint folder in ``ckpt_dir`` lacks its checksums: the run was killed while writing its
+    first one, so nothing finished is there to lose (a finished checkpoint whose files changed is another matter)."""
+    folders = [p for p in Path(ckpt_dir).glob("step*") if p.is_dir()]
+    return bool(folders) and not any((p / CHECKSUMS_FILE).is_file() for p in folders)
+
+
 def check_export(folder: Path) -> Path:
     """``folder`` if it is a finished, intact export; else :class:`CorruptFileError` naming the file. The
     checksums written with an export are verified when present (an export from elsewhere may lack them);
