@@ -24,9 +24,16 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 started=$(date +%s)
 
 # captions, recaption and concepts skip finished shards; benchmarks rebuilds its suite (~90 s on 2 cores)
-for stage in captions recaption concepts benchmarks; do
-  "$PY" -m "components.$stage" --params "params/$stage.yaml"
-done
+# through DVC where it is installed (a workstation: the pipeline's outputs stay as dvc.lock records them), else the
+# stage modules themselves (the bare GPU machine)
+DVC=$(command -v dvc || true); [ -x .venv/bin/dvc ] && DVC=.venv/bin/dvc
+if [ -n "$DVC" ]; then
+  "$DVC" repro captions recaption concepts benchmarks
+else
+  for stage in captions recaption concepts benchmarks; do
+    "$PY" -m "components.$stage" --params "params/$stage.yaml"
+  done
+fi
 echo "binding.sh: data ready after $(( $(date +%s) - started )) s"
 
 preset=params/presets/compare-binding-gpu.yaml
