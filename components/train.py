@@ -200,10 +200,9 @@ def setup(params: TrainParams, stage: str) -> Run:
     resume_tag, damaged = intact_checkpoint(ckpt_dir) if same_run else (None, [])
     if damaged and main:
         log.warning("skipped damaged checkpoint(s): %s", "; ".join(damaged))
-    if same_run and resume_tag is None and only_unfinished(ckpt_dir):
-        same_run = False  # killed while writing its first checkpoint: start afresh (the unfinished folder goes below)
-        if main:
-            log.info("no checkpoint was finished before the run stopped: starting afresh")
+    unfinished = same_run and resume_tag is None and only_unfinished(ckpt_dir)
+    if unfinished:  # killed while writing its first checkpoint: start afresh (the unfinished folder goes below)
+        same_run = False
     if same_run and damaged and resume_tag is None:
         raise CorruptFileError(f"no intact checkpoint to resume from in {ckpt_dir}: {'; '.join(damaged)}. "
                          f"Remove {ckpt_dir} to start this run afresh.")
@@ -233,7 +232,8 @@ def setup(params: TrainParams, stage: str) -> Run:
             log.info("resumed from %s at step %d", ckpt_dir / resume_tag, start_step)
     elif main:
         if ckpt_dir.exists():
-            log.info("checkpoints in %s are not this run's to resume: starting afresh", ckpt_dir)
+            log.info("no checkpoint in %s was finished before the run stopped: starting afresh" if unfinished else
+                     "checkpoints in %s belong to other params: starting afresh", ckpt_dir)
             remove_inside(params.output_dir, ckpt_dir.name)
         atomic_write_json(fp_file, {"fingerprint": current})
     dist.barrier()
