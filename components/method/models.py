@@ -244,7 +244,15 @@ class _EncodeText(torch.nn.Module):
         self.model = model
 
     def forward(self, tokens):
-        return self.model.encode_text(tokens, normalize=True)
+        return encode_text_rows(self.model, tokens)
+
+
+def encode_text_rows(model, tokens: torch.Tensor) -> torch.Tensor:
+    """L2-normalised text embeddings [N, D] of ``tokens`` [N, L], N = 0 included: open_clip's batch-first attention
+    cannot reshape an empty batch, so one row is encoded and none kept (a batch without phrases or hard negatives)."""
+    if len(tokens) == 0:
+        return model.encode_text(tokens.new_zeros(1, tokens.shape[1]), normalize=True)[:0]
+    return model.encode_text(tokens, normalize=True)
 
 
 def encode_text_at_length(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -253,7 +261,7 @@ def encode_text_at_length(model, tokens: torch.Tensor) -> torch.Tensor:
     full context and, for CLIP, adds the whole positional embedding)."""
     length, context = tokens.shape[1], text_context_length(model)
     if length == context:
-        return model.encode_text(tokens, normalize=True)
+        return encode_text_rows(model, tokens)
     if length > context:
         raise ValueError(f"text tokens of length {length} exceed the text tower's context of {context}")
     text = getattr(model, "text", None)
@@ -288,7 +296,5 @@ def encode_concepts(model, phrase_tokens: torch.Tensor, inverse: torch.Tensor | 
     occurrence to its row, so a phrase shared by several images is encoded once (gather's backward adds
     the gradients of its occurrences, so loss and gradients equal those of encoding each occurrence).
     """
-    if len(phrase_tokens) == 0:  # open_clip's batch-first attention cannot reshape an empty batch: encode one row, keep none
-        return encode_text_at_length(model, phrase_tokens.new_zeros(1, phrase_tokens.shape[1]))[:0]
     features = encode_text_at_length(model, phrase_tokens)
     return features if inverse is None else features[inverse]

@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 from open_clip.modified_resnet import ModifiedResNet
 
+from components.method.models import encode_text_rows
+
 
 class TrainingModule(nn.Module):
     """``forward(**batch)`` returns the step's loss terms (a dict whose values sum to the loss): the loss
@@ -41,9 +43,7 @@ class TrainingModule(nn.Module):
 
     def encode_text(self, texts: torch.Tensor) -> torch.Tensor:
         """[T, L] tokens -> [T, D], L2-normalised."""
-        if len(texts) == 0:  # (no hard negative in a batch) open_clip's batch-first attention cannot reshape an empty batch
-            return self.model.encode_text(texts.new_zeros(1, texts.shape[1]), normalize=True)[:0]
-        return self.model.encode_text(texts, normalize=True)
+        return encode_text_rows(self.model, texts)
 
     def logit_scale_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(s = exp(logit_scale), b or None when the model has no bias)."""
