@@ -87,12 +87,12 @@ def test_map_token_features_are_what_the_head_outputs_for_a_single_token():
     # attention over identical values returns that value: the pooled output is the token feature
     pooled = trunk.attn_pool(same)
     per_token = models._map_token_features(trunk.attn_pool, same)
-    assert torch.allclose(per_token[:, 0], pooled, atol=1e-5)
+    torch.testing.assert_close(per_token[:, 0], pooled, rtol=1e-5, atol=1e-5)
     # and the value half of kv is the second half of its output channels
     C = x.shape[-1]
     v = F.linear(x, trunk.attn_pool.kv.weight[C:], trunk.attn_pool.kv.bias[C:])
     u = trunk.attn_pool.proj(v)
-    assert torch.allclose(models._map_token_features(trunk.attn_pool, x), u + trunk.attn_pool.mlp(trunk.attn_pool.norm(u)), atol=1e-6)
+    torch.testing.assert_close(models._map_token_features(trunk.attn_pool, x), u + trunk.attn_pool.mlp(trunk.attn_pool.norm(u)), rtol=1e-5, atol=1e-5)
 
 
 def test_cls_token_features_are_ln_post_then_proj_of_patch_tokens():
@@ -103,8 +103,8 @@ def test_cls_token_features_are_ln_post_then_proj_of_patch_tokens():
     pooled, tokens = image_features_and_tokens(model, _images(2))
     handle.remove()
     x = seen["x"]
-    assert torch.allclose(tokens, model.visual.ln_post(x[:, 1:]) @ model.visual.proj, atol=1e-6)
-    assert torch.allclose(pooled, model.visual.ln_post(x[:, 0]) @ model.visual.proj, atol=1e-6)
+    torch.testing.assert_close(tokens, model.visual.ln_post(x[:, 1:]) @ model.visual.proj, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pooled, model.visual.ln_post(x[:, 0]) @ model.visual.proj, rtol=1e-5, atol=1e-5)
 
 
 def test_inference_never_takes_the_token_path(monkeypatch):
@@ -128,7 +128,7 @@ def test_checkpoint_with_0dim_logit_scale_loads_into_1d_model(tmp_path):
     model, _, _, _ = create_model(TINY_SIGLIP, pretrained=str(path))
     assert model.logit_scale.shape == (1,) and model.logit_scale.item() == 3.0 and model.logit_bias.item() == -7.0
     images = _images(2)
-    assert torch.allclose(model.encode_image(images), plain.encode_image(images))
+    torch.testing.assert_close(model.encode_image(images), plain.encode_image(images), rtol=1e-5, atol=1e-5)
 
 
 def test_unknown_model_name_is_a_clear_error():
@@ -167,11 +167,11 @@ def test_sigmoid_and_npc_losses_match_the_formulas():
     expected_sig = sum(
         -F.logsigmoid((1 if i == j else -1) * (s * image[i] @ text[j] + b)) for i in range(6) for j in range(6)
     ) / 6
-    assert torch.allclose(sigmoid_contrastive(image, text, s, b), expected_sig, atol=1e-5)
+    torch.testing.assert_close(sigmoid_contrastive(image, text, s, b), expected_sig.squeeze(), rtol=1e-5, atol=1e-5)
     expected_npc = sum(
         -F.logsigmoid((1 if owner[k] == i else -1) * (s * image[i] @ phrases[k] + b)) for i in range(6) for k in range(9)
     ) / 9
-    assert torch.allclose(npc_loss(image, phrases, owner, s, b), expected_npc, atol=1e-5)
+    torch.testing.assert_close(npc_loss(image, phrases, owner, s, b), expected_npc.squeeze(), rtol=1e-5, atol=1e-5)
 
 
 def test_text_labels_make_a_repeated_phrase_positive_for_every_image_that_has_it():
@@ -181,7 +181,7 @@ def test_text_labels_make_a_repeated_phrase_positive_for_every_image_that_has_it
     has = {(int(owner[k]), int(ids[k])) for k in range(9)}
     label = [[1.0 if (i, int(ids[k])) in has else -1.0 for k in range(9)] for i in range(6)]
     expected_npc = sum(-F.logsigmoid(label[i][k] * (s * image[i] @ phrases[k] + b)) for i in range(6) for k in range(9)) / 9
-    assert torch.allclose(npc_loss(image, phrases, owner, s, b, ids), expected_npc, atol=1e-5)
+    torch.testing.assert_close(npc_loss(image, phrases, owner, s, b, ids), expected_npc.squeeze(), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(npc_loss(image, phrases, owner, s, b), expected_npc, atol=1e-3)  # occurrence labels differ here
     expected_xac = 0.0
     for k in range(9):
@@ -189,10 +189,10 @@ def test_text_labels_make_a_repeated_phrase_positive_for_every_image_that_has_it
             a = torch.softmax(tokens[m] @ phrases[k], dim=0)
             v = F.normalize((a[:, None] * tokens[m]).sum(0), dim=0)
             expected_xac = expected_xac - F.logsigmoid(label[m][k] * (s * v @ phrases[k] + b))
-    assert torch.allclose(xac_loss(tokens, phrases, owner, s, b, 1.0, 4, ids), expected_xac / 9, atol=1e-5)
+    torch.testing.assert_close(xac_loss(tokens, phrases, owner, s, b, 1.0, 4, ids), (expected_xac / 9).squeeze(), rtol=1e-5, atol=1e-5)
     # all texts distinct: text labels are occurrence labels
     distinct = torch.arange(9)
-    assert torch.allclose(npc_loss(image, phrases, owner, s, b, distinct), npc_loss(image, phrases, owner, s, b), atol=1e-6)
+    torch.testing.assert_close(npc_loss(image, phrases, owner, s, b, distinct), npc_loss(image, phrases, owner, s, b), rtol=1e-5, atol=1e-5)
     assert text_ids(torch.tensor([[5, 1], [7, 2], [5, 1]])).tolist() in ([0, 1, 0], [1, 0, 1])
 
 
@@ -200,7 +200,7 @@ def test_softmax_loss_ignores_the_bias_but_gives_it_a_gradient():
     image, text, _, _, _, s, b = _random_features(1)
     with_bias = softmax_contrastive(image, text, s, b)
     without = softmax_contrastive(image, text, s, None)
-    assert torch.allclose(with_bias, without, atol=1e-6)
+    torch.testing.assert_close(with_bias, without, rtol=1e-5, atol=1e-5)
     with_bias.backward()
     assert b.grad is not None and b.grad.abs().item() < 1e-5
 
@@ -226,9 +226,9 @@ def test_xac_loss_and_gradients_match_a_per_phrase_loop(chunk, temperature):
     grads_fast = torch.autograd.grad(fast, inputs)
     slow = _xac_loop(tokens, phrases, owner, s, b, temperature)
     grads_slow = torch.autograd.grad(slow, inputs)
-    assert torch.allclose(fast, slow, atol=1e-5)
+    torch.testing.assert_close(fast, slow.reshape(fast.shape), rtol=1e-5, atol=1e-5)
     for gf, gs in zip(grads_fast, grads_slow, strict=True):
-        assert torch.allclose(gf, gs, atol=1e-5)
+        torch.testing.assert_close(gf, gs, rtol=1e-5, atol=1e-5)
 
 
 def test_xac_keeps_its_precision_when_a_phrases_attended_tokens_nearly_cancel():
@@ -302,10 +302,10 @@ def test_trimmed_phrases_equal_padded_ones_where_the_tower_is_causal_and_pools_a
     assert models.trimming_is_exact(model)
     f_full, g_full = _phrase_grads(model, padded)
     f_trim, g_trim = _phrase_grads(model, trimmed)
-    assert torch.allclose(f_full, f_trim, atol=1e-6)
+    torch.testing.assert_close(f_full, f_trim, rtol=1e-5, atol=1e-5)
     assert g_full.keys() == g_trim.keys() and "positional_embedding" in g_trim
     for name in g_full:
-        assert torch.allclose(g_full[name], g_trim[name], rtol=1e-4, atol=1e-5), name
+        torch.testing.assert_close(g_full[name], g_trim[name], rtol=1e-4, atol=1e-5, msg=str(name))
     siglip_like, tokenizer = _model(TINY_RN)  # no causal mask, as SigLIP's
     assert not models.trimming_is_exact(siglip_like)
     assert [models.trims_phrases(c, model) for c in ("auto", "context", "trimmed")] == [True, False, True]
@@ -325,7 +325,7 @@ def test_c2lip_loss_with_trimmed_phrases_and_text_labels_equals_the_padded_one()
         padded = module(images, texts, **concept_batch(PHRASES, tokenizer))
         trimmed = module(images, texts, **concept_batch(PHRASES, tokenizer, trim=True))
     for key in padded:
-        assert torch.allclose(padded[key], trimmed[key], atol=1e-6), key
+        torch.testing.assert_close(padded[key], trimmed[key], rtol=1e-5, atol=1e-5, msg=str(key))
 
 
 def _loss_and_grads(module, images, texts, batch):
@@ -348,7 +348,7 @@ def test_deduplicated_phrases_give_the_same_loss_and_gradients():
     }
     loss_a, grads_a = _loss_and_grads(module, images, texts, dedup)
     loss_b, grads_b = _loss_and_grads(module, images, texts, every)
-    assert torch.allclose(loss_a, loss_b, atol=1e-6)
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-5)
     assert grads_a.keys() == grads_b.keys() and len(grads_a) == len(list(module.parameters()))
     for name in grads_a:
         assert _close(grads_a[name], grads_b[name]), (name, (grads_a[name] - grads_b[name]).abs().max())
@@ -435,7 +435,7 @@ def test_two_processes_match_one_process_on_the_global_batch(tmp_path, name):
     loss, grads = _loss_and_grads(module, _images(), tokenizer([f"caption {i}" for i in range(6)]), concept_batch(PHRASES, tokenizer))
     for rank in (0, 1):
         result = torch.load(tmp_path / f"rank{rank}.pt")
-        assert torch.allclose(result["loss"], loss, atol=1e-5), (rank, result["loss"], loss)
+        torch.testing.assert_close(result["loss"], loss, rtol=1e-5, atol=1e-5, msg=str((rank, result["loss"], loss)))
         assert result["grads"].keys() == grads.keys() and len(grads) == len(list(module.parameters()))
         for n, g in grads.items():
             assert _close(result["grads"][n], g), (rank, n, (result["grads"][n] - g).abs().max())
@@ -459,7 +459,7 @@ def test_resnet_attnpool_token_features_are_what_the_pool_outputs_for_a_single_p
     with torch.no_grad():
         pool.positional_embedding[:] = pool.positional_embedding[1:2].clone()  # and the same position code
     # attention over identical keys and values returns that value: the pooled vector is the token feature
-    assert torch.allclose(models._attnpool_token_features(pool, same)[:, 0], pool(same), atol=1e-5)
+    torch.testing.assert_close(models._attnpool_token_features(pool, same)[:, 0], pool(same), rtol=1e-5, atol=1e-5)
     pooled, tokens = image_features_and_tokens(model, _images(2))
     assert torch.equal(pooled, model.encode_image(_images(2)))
     side = model.visual.image_size[0] // 32 if isinstance(model.visual.image_size, tuple) else model.visual.image_size // 32
@@ -485,7 +485,7 @@ def test_batch_first_text_blocks_compute_what_torch_multihead_attention_blocks_c
     tokens = tokenizer(["a red circle left of a blue square", "a square", "blue"])
     model.eval(), default.eval()
     with torch.no_grad():
-        assert torch.allclose(model.encode_text(tokens), default.encode_text(tokens), atol=1e-6)
+        torch.testing.assert_close(model.encode_text(tokens), default.encode_text(tokens), rtol=1e-5, atol=1e-5)
 
 
 def test_an_empty_text_batch_encodes_to_no_rows_and_keeps_the_graph():
@@ -504,4 +504,4 @@ def test_a_conv_image_tower_reads_channels_last_images_to_the_same_features():
     assert module.channels_last and not TrainingModule(_model(TINY_SIGLIP)[0], C2LIPLoss()).channels_last
     images = _images(4)
     with torch.no_grad():
-        assert torch.allclose(module.encode_image(images), model.encode_image(images.contiguous(), normalize=True), atol=1e-5)
+        torch.testing.assert_close(module.encode_image(images), model.encode_image(images.contiguous(), normalize=True), rtol=1e-5, atol=1e-5)

@@ -39,8 +39,10 @@ def test_multi_positive_loss_is_siglip_and_clip_with_one_caption_per_image():
     scale, bias = torch.tensor(7.0), torch.tensor(-3.0)
     eye, query = torch.eye(5, dtype=torch.bool), torch.ones(5, dtype=torch.bool)
     multi = losses.multi_positive_contrastive
-    assert torch.allclose(multi(images, texts, eye, query, scale, bias, "sigmoid"), losses.sigmoid_contrastive(images, texts, scale, bias))
-    assert torch.allclose(multi(images, texts, eye, query, scale, bias, "softmax"), losses.softmax_contrastive(images, texts, scale, bias))
+    torch.testing.assert_close(multi(images, texts, eye, query, scale, bias, "sigmoid"), losses.sigmoid_contrastive(images, texts, scale, bias),
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(multi(images, texts, eye, query, scale, bias, "softmax"), losses.softmax_contrastive(images, texts, scale, bias),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_hard_positive_and_negative_terms_by_hand():
@@ -86,7 +88,7 @@ def test_the_loss_module_makes_a_hard_positive_a_positive_of_its_own_image():
     positive[2, 3] = True
     query = torch.tensor([1, 1, 1, 1, 0], dtype=torch.bool)
     want = losses.multi_positive_contrastive(images, torch.cat([texts, extras]), positive, query, scale, bias, "softmax")
-    assert torch.allclose(got, want)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_clic_terms_by_hand():
@@ -96,14 +98,14 @@ def test_clic_terms_by_hand():
     s, b = torch.tensor(4.0), torch.tensor(-1.0)
     for kind, contrastive in (("sigmoid", losses.sigmoid_contrastive), ("softmax", losses.softmax_contrastive)):
         terms = losses.clic_terms(images, positives, negatives, has_negative, s, b, kind)
-        assert torch.allclose(terms["cont"], sum(contrastive(images, positives[k], s, b) for k in range(4)) / 4)
+        torch.testing.assert_close(terms["cont"], sum(contrastive(images, positives[k], s, b) for k in range(4)) / 4, rtol=1e-5, atol=1e-5)
         sneg = [-torch.log_softmax(torch.stack([s * images[i] @ positives[k, i], s * images[i] @ negatives[i]]), 0)[0]
                 for k in range(4) for i in (0, 2)]
-        assert torch.allclose(terms["sneg"], torch.stack(sneg).mean())
-        assert torch.allclose(terms["uni"], ((positives[0] - positives[1]) ** 2).sum(-1).mean())
+        torch.testing.assert_close(terms["sneg"], torch.stack(sneg).mean(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(terms["uni"], ((positives[0] - positives[1]) ** 2).sum(-1).mean(), rtol=1e-5, atol=1e-5)
     weighted = losses.CLICLoss("sigmoid", 0.5, 0.5, 1.0)(images, positives, negatives, has_negative, s, b)
     assert set(weighted) == {"clic_cont_loss", "clic_sneg_loss", "clic_uni_loss"}
-    assert torch.allclose(weighted["clic_uni_loss"], terms["uni"])
+    torch.testing.assert_close(weighted["clic_uni_loss"], terms["uni"], rtol=1e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------------
