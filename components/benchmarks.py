@@ -33,7 +33,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -44,7 +46,8 @@ from tqdm import tqdm
 
 from components.data import shapesworld
 from components.data import shapesworld_rules as rules
-from components.shared.atomic import atomic_write_bytes, atomic_write_json, remove_inside
+from components.shared.atomic import atomic_write_bytes, atomic_write_json
+from components.shared.owned_outputs import BUILD_MARKER
 from components.shared.params import BenchmarksParams, CaptionsParams, ParamsError, load_params
 from components.shared.params_eval import HARD_POSITIVE_FILES
 from components.shared.processes import stage_process_setup
@@ -260,6 +263,15 @@ def check_output_dir(out: Path) -> Path:
     return resolved
 
 
+def remove_own_leftovers(out: Path) -> None:
+    """What a killed run left beside ``out``: its build folders (marker inside) and old suites (the suite marker)."""
+    for entry in out.parent.glob(f".{out.name}.c2lip-*-*"):
+        if entry.is_dir() and not entry.is_symlink() and any((entry / m).is_file() for m in (BUILD_MARKER, SUITE_MARKER)):
+            shutil.rmtree(entry)
+        elif entry.is_dir() and not entry.is_symlink() and not any(entry.iterdir()):
+            entry.rmdir()
+
+
 def run(params: BenchmarksParams) -> dict[str, Any]:
     out = check_output_dir(params.output_dir)  # before any work: nothing of a user's is ever replaced
     captions = load_params("captions", params.captions_params)
@@ -267,16 +279,24 @@ def run(params: BenchmarksParams) -> dict[str, Any]:
         print(f"benchmarks: {params.captions_params} trains on {captions.source!r}; the ShapesWorld suite is "
               "built from its shapesworld section all the same", file=sys.stderr)
     started = time.perf_counter()
-    tmp = out.with_name(out.name + ".tmp")
-    remove_inside(out.parent, tmp.name)  # a killed earlier run's leftovers (only ever out's own siblings)
-    stats = build_suite(params, captions, tmp)  # (no timing in stats.json: the same suite must hash the same for DVC)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_own_leftovers(out)
+    # temporary and old folders are the stage's own: unique hidden names holding a marker, never a guessable
+    # sibling such as <output_dir>.tmp that a user may keep
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.c2lip-build-", dir=out.parent))
+    (tmp / BUILD_MARKER).write_text("a temporary build of the benchmarks stage; removed when it ends\n")
+    try:
+        stats = build_suite(params, captions, tmp)  # (no timing in stats.json: the same suite must hash the same for DVC)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    (tmp / BUILD_MARKER).unlink()
     (tmp / SUITE_MARKER).write_text("written by components.benchmarks; the stage replaces this folder as a whole\n")
-    old = out.with_name(out.name + ".old")
-    remove_inside(out.parent, old.name)
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.c2lip-old-", dir=out.parent))
     if out.exists():
-        out.rename(old)
+        out.rename(old)  # onto the empty folder just made: rename(2) replaces an empty directory
     tmp.rename(out)
-    remove_inside(out.parent, old.name)
+    shutil.rmtree(old)
     stats["seconds"] = round(time.perf_counter() - started, 2)
     return stats
 

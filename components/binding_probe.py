@@ -102,13 +102,24 @@ def text_side(model, tokenizer, suite_file: Path) -> dict[str, float]:
             "text_only_tot": float(((cp > cs) & (cp > ps)).float().mean()), "items": float(len(items))}
 
 
+MIN_SCENES = 10
+
+
 def run(models: dict[str, str], out: Path, scenes: int, shape: str, seed: int, captions_params: Path, suite_file: Path) -> dict:
     from components import evaluate as ev
     from components.shared.params import EvalModelSpec
 
+    if scenes < 1:
+        raise ValueError(f"--scenes {scenes}: the probe needs a positive number of scenes")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: a file, not a folder (probe.json and probe.md are written into it)")
     images, labels, present, colors = probe_scenes(scenes, shape, captions_params)
     train = np.random.default_rng(seed).random(len(labels)) < TRAIN_SHARE
     test = ~train
+    if len(labels) < MIN_SCENES or len(set(labels[train].tolist())) < 2 or not test.any():
+        raise ValueError(f"{captions_params}: {len(labels)} test scene(s) hold exactly one {shape} and another object of another "
+                         f"colour (first {scenes} asked); a probe needs at least {MIN_SCENES}, with two colours among the fitted "
+                         "ones: give the world more test images or objects per scene, or probe another --shape")
     bag = float(np.mean(1.0 / present[test].sum(axis=1)))  # guessing among the colours present
     result = {"scenes": len(labels), "shape": shape, "colors": colors, "bag_of_colours_accuracy": round(bag, 4),
               "majority_accuracy": round(float(np.bincount(labels[test]).max() / test.sum()), 4), "models": {}}
@@ -155,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         name, sep, uri = item.partition("=")
         if not sep or not name or not uri:
             parser.error(f"--model {item!r}: expected NAME=PATH")
+        if name in models:
+            parser.error(f"--model {item!r}: the name {name!r} is given twice (each model needs its own name)")
         models[name] = uri
     try:
         result = run(models, args.out, args.scenes, args.shape, args.seed, args.captions_params, args.suite_file)

@@ -59,10 +59,27 @@ def source_signature(source) -> dict[str, Any]:
         with open(source.cfg.path, "rb") as handle:
             for block in iter(lambda: handle.read(1 << 22), b""):
                 digest.update(block)
-        return {"table_sha256": digest.hexdigest()}
+        return {"table_sha256": digest.hexdigest(), "local_images": local_images_signature(source)}
     if isinstance(source, WebDatasetSource):
         return {"shards": [[path, (st := os.stat(path)).st_size, st.st_mtime_ns] for path in source.paths]}
     return {}
+
+
+def local_images_signature(source: TableSource) -> str:
+    """The table's local image files by name, size and modification time: an image replaced under the same name (the
+    table unchanged) starts afresh too. URLs are the download's business; a missing file is the row's skip."""
+    digest = hashlib.sha256()
+    root = Path(source.root)
+    for row in source.rows():
+        location = row.get(source.cfg.image_column)
+        if not isinstance(location, str) or not location.strip() or location.strip().startswith(("http://", "https://")):
+            continue
+        try:
+            st = os.stat(root / location.strip())
+        except (OSError, ValueError):
+            continue
+        digest.update(json.dumps([location.strip(), st.st_size, st.st_mtime_ns]).encode())
+    return digest.hexdigest()
 
 
 def prepare_output(params: CaptionsParams, source=None) -> None:

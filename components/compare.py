@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from components.data.shapesworld_grammar import parse_object_phrase
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
+from components.shared.owned_outputs import ForeignFilesError, OwnedOutputs, one_writer
 from components.shared.params import (
     ROOT,
     SHAPESWORLD_SUITE,
@@ -45,7 +46,7 @@ from components.shared.params import (
     read_yaml,
     validate_params,
 )
-from components.shared.processes import stage_process_setup
+from components.shared.processes import mark_run, stage_process_setup
 from components.shared.stage_code import stage_code
 from components.suite.applicable import applicable_suite
 from components.suite.compare_report import TRAIN_COLUMNS, aggregate, chart, curves_chart, item_level, logit_chart, markdown, samples_to_reach
@@ -242,7 +243,9 @@ def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
     atomic_write_bytes(path, yaml.safe_dump(run.train.model_dump(mode="json"), sort_keys=False).encode())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     started = time.time()
-    with open(run.dir / "train.log", "wb") as out:
+    with open(run.dir / "train.log", "ab") as out:  # appended: a resumed run's log keeps what the killed one said
+        out.write(f"\n=== compare: training {run.label} ===\n".encode())
+        out.flush()
         code = subprocess.call([sys.executable, "-m", "components.train", "--params", str(path), "--stage", f"compare-{run.arm}"],
                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     if code != 0:
@@ -266,21 +269,33 @@ def write_report(params: CompareParams, runs: list[Run], results: dict[str, dict
                  headlines: dict[str, str], not_applicable: list[str] | None = None, suite: Suite | None = None) -> dict[str, Any]:
     summary = aggregate(params, runs, results, headlines)
     summary["not_applicable"] = not_applicable or []
-    if suite is not None:
-        summary["intervals"], summary["galleries"] = item_level(params, runs, suite.tasks, suite.params)
     t = runs[0].train
     budget = {"steps": t.steps, "global_batch": t.global_batch, "samples": t.steps * t.global_batch}
     curves = {r.label: (r.arm, json.loads(Path(r.train.plots_path).read_text())["loss"]) for r in runs if Path(r.train.plots_path).is_file()}
     summary.update(world=world, budget=budget, reach=samples_to_reach(curves, t.global_batch))
-    out = params.report_dir
-    atomic_write_json(out / "compare.json", summary)
-    atomic_write_bytes(out / "compare.md", markdown(params, summary, world, budget).encode())
-    atomic_write_bytes(out / "compare.png", chart(summary))
-    if curves:
-        atomic_write_bytes(out / "compare-logits.png", logit_chart(curves))
-    if any(any(k.startswith("track/") for p in points for k in p) for _, points in curves.values()):
-        atomic_write_bytes(out / "curves.png", curves_chart(curves, t.global_batch))
+    owned, expected = report_outputs(params)
+    with owned.build() as out:  # the report and its gallery swapped in at once; report_dir's other files untouched
+        if suite is not None:
+            summary["intervals"], summary["galleries"] = item_level(params, runs, suite.tasks, suite.params, out / "compare-gallery")
+        atomic_write_json(out / "compare.json", summary)
+        atomic_write_bytes(out / "compare.md", markdown(params, summary, world, budget).encode())
+        atomic_write_bytes(out / "compare.png", chart(summary))
+        if curves:
+            atomic_write_bytes(out / "compare-logits.png", logit_chart(curves))
+        if any(any(k.startswith("track/") for p in points for k in p) for _, points in curves.values()):
+            atomic_write_bytes(out / "curves.png", curves_chart(curves, t.global_batch))
+        owned.swap_in(out, expected)
     return summary
+
+
+REPORT_FILES = ("compare.json", "compare.md", "compare.png", "compare-logits.png", "curves.png")
+
+
+def report_outputs(params: CompareParams) -> tuple[OwnedOutputs, set[str]]:
+    """What the comparison owns in ``report_dir`` (shared with the evaluate stage's report by default): its report
+    files and ``compare-gallery/``, whose pages are named by arm (an older version's gallery is recognised by them)."""
+    expected = {f"compare-gallery/{a.name}.html" for a in params.arms}
+    return OwnedOutputs(params.report_dir, "compare", folders=("compare-gallery",), files=REPORT_FILES), expected
 
 
 def log_to_mlflow(params: CompareParams, summary: dict[str, Any]) -> None:
@@ -313,6 +328,8 @@ def prepare(params: CompareParams) -> tuple[list[Run], Suite]:
     """The world's data, every run's validated params, and the loaded suite, before any run starts."""
     from components.train import preflight as train_preflight
 
+    owned, expected = report_outputs(params)
+    owned.check(expected)  # before any training: a user's file in compare-gallery/ stops the run, untouched
     prepare_world(params)
     runs = plan(params)
     for r in runs:
@@ -366,9 +383,11 @@ def run(params: CompareParams, log_mlflow: bool = True, execute: Execute = execu
     import torch
 
     torch.set_num_threads(1)  # evaluations run side by side in threads, like the training subprocesses
-    runs, suite = prepare(params)
-    results = execute(runs, suite, params.parallel)
-    return finish(params, runs, suite, results, log_mlflow)
+    # one comparison per output folder at a time (the CLI and the flow alike): two would share run folders and logs
+    with one_writer(params.output_dir, "compare"):
+        runs, suite = prepare(params)
+        results = execute(runs, suite, params.parallel)
+        return finish(params, runs, suite, results, log_mlflow)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,10 +396,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the comparison run to MLflow")
     args = parser.parse_args(argv)
     stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
+    mark_run()  # then its training subprocesses carry a run id: they die with this process however it ends (kill -9 too)
     try:
         params = load_params("compare", args.params)
         summary = run(params, log_mlflow=not args.no_mlflow)
-    except (ParamsError, RuntimeError, BenchmarkError) as err:
+    except (ParamsError, RuntimeError, BenchmarkError, ForeignFilesError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"compare: wrote {params.report_dir / 'compare.md'}, compare.png, compare.json ({len(summary['arms'])} arms × {len(summary['seeds'])} seeds)")

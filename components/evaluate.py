@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -34,90 +33,24 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from components.shared.atomic import ENTRY_NAME, CorruptFileError, atomic_write_bytes, atomic_write_json
+from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json
 from components.shared.checkpoints import EXPORT_CONFIG, check_export, refuse_export_code  # what our exports (and MLflow-registered models) hold
+from components.shared.owned_outputs import ForeignFilesError, OwnedOutputs
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
 from components.shared.safe_load import RemoteCodeRefused, UnsafeCheckpointError, load_torch_file
 from components.shared.stage_code import stage_code
-from components.suite import aro as aro_formats
-from components.suite import formats, gallery, items, long_captions, retrieval
+from components.suite import formats, gallery, items, results_cache
+from components.suite.loading import SuiteError, check_images, load_suite, load_tagger  # noqa: F401 - the stage's API
 from components.suite.report import bar_chart, flat_metrics, interval_json, markdown_report, paired_intervals
 
-MISSING_SHOWN = 5
-CACHE_COMPLETE = "complete.json"  # written last into a model's cache folder: its tables are whole
-
-
-class EvaluateError(ValueError):
-    """A model or benchmark that cannot be evaluated: says which, and why."""
+EvaluateError = SuiteError  # a model or benchmark that cannot be evaluated: says which, and why
 
 
 # --------------------------------------------------------------------------------------------------
 # the suite
 # --------------------------------------------------------------------------------------------------
-
-
-def load_suite(params: EvaluateParams, nlp_loader=None) -> list[formats.Task]:
-    """Every enabled benchmark of ``params.benchmarks`` as tasks, in report order."""
-    b = params.benchmarks
-    tasks: list[formats.Task] = []
-    if b.sugarcrepe.enabled:
-        for subset in b.sugarcrepe.subsets:
-            tasks.append(formats.sugarcrepe(b.sugarcrepe.data_root / f"{subset}.json", b.sugarcrepe.images, f"sugarcrepe/{subset}"))
-    if b.sugarcrepe_pp.enabled:
-        for subset in b.sugarcrepe_pp.subsets:
-            tasks.append(formats.sugarcrepe_pp(b.sugarcrepe_pp.data_root / f"{subset}.json", b.sugarcrepe_pp.images, f"sugarcrepe_pp/{subset}"))
-    hp = b.hard_positives
-    if hp.enabled:
-        for subset, file in hp.files.items():
-            tasks.append(formats.hard_positives(hp.data_root / hp.original_dir / file, hp.data_root / hp.swapped_dir / file,
-                                                hp.images_of(subset), f"hard_positives/{subset}"))
-    aro = b.aro
-    if aro.enabled:
-        if aro.relation_file:
-            tasks.append(aro_formats.aro_vg(aro.data_root / aro.relation_file, aro.images, "aro/vg_relation", "relation"))
-        if aro.attribution_file:
-            tasks.append(aro_formats.aro_vg(aro.data_root / aro.attribution_file, aro.images, "aro/vg_attribution", "attribution"))
-        if aro.order_files:
-            nlp = (nlp_loader or load_tagger)(params.spacy_model)
-            for name, file in aro.order_files.items():
-                tasks.append(aro_formats.aro_order(aro.data_root / file, aro.order_images_of(name), f"aro/{name}", aro.order_split,
-                                                   aro.order_captions_per_image, nlp, params.order_seed))
-    if b.winoground.enabled:
-        tasks.append(formats.winoground(b.winoground.data_root / b.winoground.file, b.winoground.images, "winoground"))
-    zs = b.zero_shot
-    if zs.enabled:
-        tasks.append(formats.zero_shot(zs.data_root, "zero_shot", zs.templates, zs.classnames_file, zs.held_out_file, zs.readable_names))
-    if b.retrieval.enabled:
-        for name, file in b.retrieval.files.items():
-            tasks.append(retrieval.retrieval(b.retrieval.data_root / file, b.retrieval.images_of(name), f"retrieval/{name}", b.retrieval.split))
-    lc = b.long_captions
-    if lc.enabled:
-        tasks.append(long_captions.long_caption_retrieval(lc.data_root / lc.file, lc.images, "long_captions", lc.split))
-    for task in tasks:  # its name becomes the path of its per-item table: "retrieval/../x" must not
-        if any(part in (".", "..") or not ENTRY_NAME.match(part) for part in task.name.split("/")):
-            raise EvaluateError(f"benchmark {task.name!r}: not a plain name (letters, digits, '_.-' between '/'); rename its params key")
-    return tasks
-
-
-def load_tagger(name: str):
-    """spaCy with only what part-of-speech tags need (ARO's order shuffles)."""
-    import spacy
-
-    try:
-        return spacy.load(name, exclude=["parser", "ner", "lemmatizer", "textcat", "senter"])
-    except OSError as err:
-        raise EvaluateError(f"spacy_model {name!r} cannot be loaded ({err}); ARO's order benchmarks need a tagger") from None
-
-
-def check_images(tasks: list[formats.Task]) -> None:
-    """Stop before any encoding when image files are missing: how many, and the first few."""
-    missing = sorted({str(ref.path) for t in tasks for ref in t.images if not ref.path.is_file()})
-    if missing:
-        users = sorted({t.name for t in tasks if any(not ref.path.is_file() for ref in t.images)})
-        shown = "\n  ".join(missing[:MISSING_SHOWN])
-        raise EvaluateError(f"{len(missing)} image file(s) missing (used by {', '.join(users)}); first:\n  {shown}")
 
 
 def suite_fingerprint(params: EvaluateParams, tasks: list[formats.Task]) -> str:
@@ -127,6 +60,7 @@ def suite_fingerprint(params: EvaluateParams, tasks: list[formats.Task]) -> str:
         digest.update(task.name.encode())
         digest.update(json.dumps(task.texts).encode())
         digest.update(json.dumps([(str(r.path), r.box) for r in task.images]).encode())
+    digest.update(results_cache.images_digest(tasks).encode())  # the pixels, not only the names
     for path in stage_code("components.evaluate"):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -352,22 +286,14 @@ def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: Evalu
     the same suite (``resolved``: :func:`resolve_model`'s answer when the caller has it)."""
     kind, where = resolved or resolve_model(spec, params.cache_dir / "downloads")
     fp = hashlib.sha256(f"{model_fingerprint(kind, where)}:{suite_fp}".encode()).hexdigest()[:16]
-    cached = params.cache_dir / f"{spec.name}-{fp}"
-    if (cached / CACHE_COMPLETE).is_file():
-        try:
-            tables = items.read_tables(cached, [t.name for t in tasks])
-            print(f"evaluate: {spec.name}: per-item results of the same weights and suite found in {cached}", file=sys.stderr)
-            return tables
-        except CorruptFileError as err:  # a damaged cache entry costs a re-evaluation, never the run
-            print(f"evaluate: {spec.name}: cached results unusable ({err}); evaluating again", file=sys.stderr)
-            (cached / CACHE_COMPLETE).unlink()
+    if (tables := results_cache.read(params.cache_dir, spec.name, fp, tasks)) is not None:  # a damaged entry is re-evaluated
+        return tables
     model, preprocess, tokenizer = load_model(kind, where, spec)
     t0 = time.perf_counter()
     # quiet: a caller evaluating several models at once keeps one progress bar of its own
     tables = evaluate_shared(model, preprocess, tokenizer, tasks, params, label=spec.name, progress=not quiet)
     print(f"evaluate: {spec.name}: {len(tasks)} benchmarks in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    items.write_tables(cached, tables)
-    atomic_write_json(cached / CACHE_COMPLETE, {"model": spec.name, "tasks": list(tables)})  # last: the folder is whole
+    results_cache.write(params.cache_dir, spec.name, fp, tables)
     return tables
 
 
@@ -377,6 +303,9 @@ def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
         torch.set_num_threads(params.torch_threads)
     tasks = load_suite(params)
     check_images(tasks)
+    names = [m.name for m in params.models]
+    owned, expected = owned_outputs(params.output_dir, names, tasks)
+    owned.check(expected)  # before any work: a file of the user's in items/, gallery/ or plots/ stops the run, untouched
     suite_fp = suite_fingerprint(params, tasks)
     # every model is found before any is evaluated: a misspelt second model costs no time and touches nothing
     resolved = {spec.name: resolve_model(spec, params.cache_dir / "downloads") for spec in params.models}
@@ -385,36 +314,51 @@ def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
     for spec in params.models:
         meta[spec.name] = spec.uri or f"{spec.arch} / {spec.pretrained}"
         tables[spec.name] = evaluate_model(spec, tasks, params, suite_fp, resolved=resolved[spec.name])
-    names = [m.name for m in params.models]
     per_model = {name: results_of(tables[name]) for name in names}  # the figures, aggregated from the per-item tables
     flat = flat_metrics(tasks, per_model)
-    out = params.output_dir
-    for name in names:
-        items.write_tables(out / "items" / name, tables[name])
-    for stale in (out / "items").iterdir():
-        if stale.is_dir() and stale.name not in names:  # a model no longer listed
-            shutil.rmtree(stale)
-    atomic_write_json(out / "metrics.json", flat)
-    for name in names:
-        rows = [{"benchmark": t.name, "metric": t.headline, "value": round(per_model[name][t.name][t.headline], 5)} for t in tasks]
-        atomic_write_json(out / "plots" / f"{name}.json", {"benchmarks": rows})
     intervals = paired_intervals(tasks, tables, names, params.bootstrap.resamples, params.bootstrap.seed)
-    atomic_write_json(out / "intervals.json", interval_json(intervals))
-    galleries = []
-    if params.gallery.enabled and len(names) > 1:
-        g = params.gallery
-        pages = [gallery.Page("index.html" if k == 1 else f"{name}.html", names[0], name, tables[names[0]], tables[name])
-                 for k, name in enumerate(names) if k > 0]
-        galleries = gallery.write_gallery(out / "gallery", pages, tasks, g.per_outcome, g.seed, g.thumbnail_px)
-    report = markdown_report(tasks, per_model, names, meta, intervals, params.bootstrap.resamples,
-                             "gallery/index.html" if galleries else None)
-    atomic_write_bytes(out / "benchmarks.md", report.encode())
-    atomic_write_bytes(out / "benchmarks.png", bar_chart(tasks, per_model, names))
+    out = params.output_dir
+    with owned.build() as build:  # the whole output set, then swapped in at once: a failure leaves the old one
+        galleries = write_outputs(build, params, tasks, names, tables, per_model, flat, intervals, meta)
+        owned.swap_in(build, expected)
     if log_mlflow:
         log_to_mlflow(params, flat, out, names, suite_fp)
     print(f"evaluate: wrote {out}/benchmarks.md, benchmarks.png, metrics.json, intervals.json, items/"
           + (", gallery/index.html" if galleries else "") + f" in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return flat
+
+
+REPORT_FILES = ("benchmarks.md", "benchmarks.png", "metrics.json", "intervals.json")
+
+
+def owned_outputs(out: Path, names: list[str], tasks: list[formats.Task]) -> tuple[OwnedOutputs, set[str]]:
+    """What this stage owns in ``out`` (a folder it may share: reports/ holds the comparisons' reports too) and the
+    files this run writes under fixed names (the committed example report, an older version's outputs)."""
+    expected = {f"plots/{n}.json" for n in names} | {f"items/{n}/{t.name}.parquet" for n in names for t in tasks}
+    expected |= {"gallery/index.html"} | {f"gallery/{n}.html" for n in names[2:]}
+    return OwnedOutputs(out, "evaluate", folders=("items", "plots", "gallery"), files=REPORT_FILES), expected
+
+
+def write_outputs(build: Path, params: EvaluateParams, tasks, names, tables, per_model, flat, intervals, meta) -> list[Path]:
+    """Every output into the new folder ``build``; returns the gallery's pages."""
+    for name in names:
+        items.write_tables(build / "items" / name, tables[name])
+    atomic_write_json(build / "metrics.json", flat)
+    for name in names:
+        rows = [{"benchmark": t.name, "metric": t.headline, "value": round(per_model[name][t.name][t.headline], 5)} for t in tasks]
+        atomic_write_json(build / "plots" / f"{name}.json", {"benchmarks": rows})
+    atomic_write_json(build / "intervals.json", interval_json(intervals))
+    galleries = []
+    if params.gallery.enabled and len(names) > 1:
+        g = params.gallery
+        pages = [gallery.Page("index.html" if k == 1 else f"{name}.html", names[0], name, tables[names[0]], tables[name])
+                 for k, name in enumerate(names) if k > 0]
+        galleries = gallery.write_gallery(build / "gallery", pages, tasks, g.per_outcome, g.seed, g.thumbnail_px)
+    report = markdown_report(tasks, per_model, names, meta, intervals, params.bootstrap.resamples,
+                             "gallery/index.html" if galleries else None)
+    atomic_write_bytes(build / "benchmarks.md", report.encode())
+    atomic_write_bytes(build / "benchmarks.png", bar_chart(tasks, per_model, names))
+    return galleries
 
 
 def log_to_mlflow(params: EvaluateParams, flat: dict[str, float], out: Path, names: list[str], suite_fp: str) -> None:
@@ -425,7 +369,7 @@ def log_to_mlflow(params: EvaluateParams, flat: dict[str, float], out: Path, nam
         mlflow.set_tags({"stage": "evaluate", "models": ",".join(names), "suite_fingerprint": suite_fp})
         mlflow.log_params({k: v[:500] for k, v in flatten_params(params).items()})
         mlflow.log_metrics(flat)
-        for file in ("benchmarks.md", "benchmarks.png", "metrics.json", "intervals.json"):
+        for file in REPORT_FILES:
             mlflow.log_artifact(str(out / file))
         if (out / "gallery").is_dir():
             mlflow.log_artifacts(str(out / "gallery"), artifact_path="gallery")
@@ -439,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params("evaluate", args.params)
         flat = run(params)
-    except (ParamsError, EvaluateError, formats.BenchmarkError, CorruptFileError, UnsafeCheckpointError) as err:
+    except (ParamsError, EvaluateError, formats.BenchmarkError, CorruptFileError, UnsafeCheckpointError, ForeignFilesError) as err:
         print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
     print(json.dumps({k: v for k, v in flat.items() if "/summary/" in k}))

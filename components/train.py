@@ -102,6 +102,11 @@ def preflight(params: TrainParams) -> dict[str, Any]:
         check_weights_file(Path(init))  # likewise a damaged checkpoint file
     for shard in shards:
         check_tar(shard)
+    if params.curves.enabled:  # the tracking suite's world, read now: a missing or binary file stops here, not after the model loaded
+        try:
+            load_params("captions", params.curves.captions_params)
+        except ParamsError as err:
+            raise ParamsError(f"curves.captions_params: {err}") from None
     return config
 
 

@@ -33,11 +33,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from components.shared.markdown_text import md_literal
 from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_params
 from components.shared.params import STAGES as PARAM_MODELS
 from components.shared.processes import die_with_parent, mark_run
 from components.shared.redact import redact
-from flows.workspace import output_dir_inside, resolve_overrides, run_with_overrides, workspace_lock
+from flows.workspace import confine_paths, output_dir_inside, resolve_overrides, run_with_overrides, workspace_lock
 
 PROGRESS = re.compile(r"\d+%\|")
 PIPELINE = ["captions", "recaption", "concepts", "base", "train", "benchmarks", "evaluate"]
@@ -168,6 +169,8 @@ def full(overrides: RunOverrides | None = None, register_version: bool = True, p
          wait_for_workspace_s: float = 0.0) -> dict[str, Any]:
     """Every stage (dvc repro), DVC push, then registration of the trained model as the challenger."""
     changes = overrides_dict(overrides)
+    for stage, values in changes.items():  # every path a caller sets stays inside the workspace
+        confine_paths(ROOT, values, PARAM_MODELS[stage], stage)
     resolve_overrides(ROOT, changes)  # a bad override fails here, before waiting for the workspace or any work
     name = str(flow_run.get_name() or f"local-{int(time.time())}")
     started = time.perf_counter()
@@ -189,7 +192,7 @@ def full(overrides: RunOverrides | None = None, register_version: bool = True, p
     result["seconds"] = round(time.perf_counter() - started, 1)
     registered = result.get("registered")
     lines = [f"# c2lip full run `{name}`", "",
-             f"Overrides: `{json.dumps(changes)}`" if changes else "Overrides: none (the workspace's params).",
+             f"Overrides: {md_literal(json.dumps(changes))}" if changes else "Overrides: none (the workspace's params).",
              f"Registered: `{registered['name']}` version {registered['version']} (aliases {registered['aliases']})" if registered else "Not registered.",
              "", _report_summary(), "", f"Full report: `{ROOT / 'reports' / 'benchmarks.md'}`"]
     create_markdown_artifact(markdown="\n".join(lines), key="c2lip-full", description="Benchmark summary of the run")
@@ -211,13 +214,15 @@ def publish_galleries(folder: Path, key: str) -> list[str]:
 
 @flow(name="c2lip", log_prints=True)
 def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, benchmarks: SuiteParams | None = None,
-             output_dir: str = "reports/adhoc", allow_outside_workspace: bool = False) -> dict[str, float]:
+             output_dir: str = "reports/adhoc") -> dict[str, float]:
     """The benchmark suite for one model (a registered version or alias, a checkpoint, an export folder
     or an open_clip name + tag), beside an optional reference; outside DVC, under ``output_dir`` (inside the
-    workspace unless ``allow_outside_workspace``)."""
+    workspace, or a folder the worker's C2LIP_OUTSIDE_ROOTS admits)."""
     from components import evaluate as ev
 
-    report_dir = output_dir_inside(ROOT, output_dir, model.name, allow_outside_workspace)  # before any work
+    report_dir = output_dir_inside(ROOT, output_dir, model.name)  # before any work
+    if benchmarks is not None:  # the suite's files are read from the workspace too
+        confine_paths(ROOT, benchmarks.model_dump(mode="json", exclude_unset=True), SuiteParams, "benchmarks")
     params = load_params("evaluate")
     params.models = [m for m in (reference, model) if m is not None]
     if benchmarks is not None:
@@ -274,6 +279,7 @@ def compare_methods(overrides: CompareOverrides | None = None, wait_for_workspac
     from components import compare
 
     changes = overrides.model_dump(mode="json", exclude_unset=True) if isinstance(overrides, BaseModel) else dict(overrides or {})
+    confine_paths(ROOT, changes, PARAM_MODELS["compare"], "compare")  # every path a caller sets stays inside the workspace
     params = compare.params_with(changes)  # a bad override fails here, before any work
     name = str(flow_run.get_name() or f"local-{int(time.time())}")
     started = time.perf_counter()

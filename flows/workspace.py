@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,10 +152,75 @@ def run_with_overrides(root: Path, overrides: dict[str, dict[str, Any]], owner: 
             yield merged
 
 
-def output_dir_inside(root: Path, output_dir: str | Path, name: str, allow_outside_workspace: bool = False) -> Path:
-    """``root/output_dir/name`` resolved, where a flow run writes a report: inside the workspace unless
-    ``allow_outside_workspace`` (a deployment's parameters come from whoever can reach the Prefect server, and
-    an absolute or ``../`` path would let them write anywhere the worker can). ``name`` must be a plain name."""
+# The escape hatch of the path rule, set where the worker runs (its environment), never in a run's parameters:
+# folders outside the workspace that deployments may name, separated by ':' (e.g. C2LIP_OUTSIDE_ROOTS=/srv/reports).
+OUTSIDE_ROOTS_ENV = "C2LIP_OUTSIDE_ROOTS"
+
+
+def allowed_roots(root: Path) -> list[Path]:
+    """The workspace and the folders the worker's environment admits (:data:`OUTSIDE_ROOTS_ENV`)."""
+    extra = [Path(p).expanduser().resolve() for p in os.environ.get(OUTSIDE_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    return [Path(root).resolve(), *extra]
+
+
+def path_inside(root: Path, value: str | Path, what: str) -> Path:
+    """``value`` (relative to the workspace ``root``) resolved, if it leads inside the workspace or a folder the worker
+    admits; else a ParamsError naming ``what``. A deployment's parameters come from whoever can reach the Prefect
+    server: an absolute or ``../`` path must not let them write, or read, anywhere the worker can."""
+    from components.shared.params import ParamsError
+
+    target = (Path(root).resolve() / value).resolve()
+    if not any(target.is_relative_to(allowed) for allowed in allowed_roots(root)):
+        raise ParamsError(f"{what}: {value} leads to {target}, outside the workspace {Path(root).resolve()}; use a path inside "
+                          f"it (the worker's environment variable {OUTSIDE_ROOTS_ENV} admits other folders)")
+    return target
+
+
+def _models_in(annotation: Any) -> list[type]:
+    """The params models an annotation holds (``Model``, ``Model | None``, ``list[Model]``, ``dict[str, Model]``)."""
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _is_path(annotation: Any) -> bool:
+    return annotation is Path or any(_is_path(arg) for arg in typing.get_args(annotation))
+
+
+def confine_paths(root: Path, values: Any, model: type, where: str) -> None:
+    """Every path field that ``values`` (a run's parameters, shaped as ``model``) sets, at any depth, leads inside the
+    workspace (:func:`path_inside`); raises a ParamsError naming the first that does not."""
+    if isinstance(values, list):
+        for k, item in enumerate(values):
+            confine_paths(root, item, model, f"{where}[{k}]")
+        return
+    if not isinstance(values, dict):
+        return
+    for key, value in values.items():
+        field = model.model_fields.get(key) if hasattr(model, "model_fields") else None
+        if field is None or value is None:
+            continue
+        annotation = field.annotation
+        if _is_path(annotation):
+            for one in value if isinstance(value, list) else value.values() if isinstance(value, dict) else [value]:
+                path_inside(root, one, f"{where}.{key}")
+        for sub in _models_in(annotation):
+            mapping = isinstance(value, dict) and _is_mapping_of_models(annotation)  # dict[str, Model]: its values
+            confine_paths(root, list(value.values()) if mapping else value, sub, f"{where}.{key}")
+
+
+def _is_mapping_of_models(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin is dict:
+        return bool(_models_in(typing.get_args(annotation)[1]))
+    return any(_is_mapping_of_models(arg) for arg in typing.get_args(annotation))
+
+
+def output_dir_inside(root: Path, output_dir: str | Path, name: str) -> Path:
+    """``root/output_dir/name`` resolved, where a flow run writes a report: inside the workspace or a folder the
+    worker's environment admits (:func:`path_inside`). ``name`` must be a plain name."""
     from components.shared.atomic import check_entry_name
     from components.shared.params import ParamsError
 
@@ -162,12 +228,7 @@ def output_dir_inside(root: Path, output_dir: str | Path, name: str, allow_outsi
         check_entry_name(name, "model.name (the report's folder)")
     except ValueError as err:
         raise ParamsError(str(err)) from None
-    root = Path(root).resolve()
-    target = (root / output_dir / name).resolve()
-    if not allow_outside_workspace and not target.is_relative_to(root):
-        raise ParamsError(f"output_dir: {output_dir} leads to {target}, outside the workspace {root}; use a relative path "
-                          "inside it, or set allow_outside_workspace: true")
-    return target
+    return path_inside(root, Path(output_dir) / name, "output_dir")
 
 
 def main(argv: list[str] | None = None) -> int:

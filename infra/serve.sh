@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # A local Prefect server on 127.0.0.1 (port PREFECT_PORT, default 4200) and the c2lip deployments served
 # to it from this workspace. Ctrl-C stops both. Run through `make serve` (which sets up .venv first).
+# `infra/serve.sh --print-settings` prints the server settings it would use and exits (the tests read them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT="${PREFECT_PORT:-4200}"
 export PREFECT_HOME="${PREFECT_HOME:-$PWD/.prefect}"
 export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
+# Only the UI's own origin may call the API from a browser: Prefect's default ('*') lets any web page the user
+# opens start runs on this machine. A team server adds basic authentication with PREFECT_SERVER_API_AUTH_STRING
+# (server) and PREFECT_API_AUTH_STRING (clients and workers); see docs/reliability.md.
+export PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS="${PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS:-http://127.0.0.1:${PORT},http://localhost:${PORT}}"
+if [ "${1:-}" = "--print-settings" ]; then
+  echo "PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS=$PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS"
+  exit 0
+fi
+mkdir -p "$PREFECT_HOME"
 prefect server start --host 127.0.0.1 --port "$PORT" > "$PREFECT_HOME/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 1 120); do
-  if python -c "import urllib.request,sys; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=1)" 2>/dev/null; then break; fi
+# wait for as long as the server is starting (a loaded machine may take minutes); a server that exits is an error
+until python -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=5)" 2>/dev/null; do
   if ! kill -0 $SERVER 2>/dev/null; then echo "prefect server failed to start; see $PREFECT_HOME/server.log" >&2; exit 1; fi
   sleep 1
 done

@@ -556,15 +556,17 @@ def test_yaml_merge_keys_are_valid_params_and_duplicates_still_are_not(tmp_path)
         read_yaml(path)
 
 
-def test_the_evaluate_deployment_writes_inside_the_workspace_unless_allowed(tmp_path):
+def test_the_evaluate_deployment_writes_inside_the_workspace_unless_the_worker_allows(tmp_path, monkeypatch):
     from components.shared.params import ParamsError
 
+    monkeypatch.delenv(workspace.OUTSIDE_ROOTS_ENV, raising=False)
     inside = workspace.output_dir_inside(tmp_path, "reports/adhoc", "mine")
     assert inside == (tmp_path / "reports" / "adhoc" / "mine").resolve()
-    for where, name in (("/etc", "mine"), ("../../elsewhere", "mine"), ("reports/adhoc", "../../../x")):
+    for where, name in (("/etc", "mine"), ("../../elsewhere", "mine"), ("reports/adhoc", "../../../x"), ("/srv/reports", "mine")):
         with pytest.raises(ParamsError):
             workspace.output_dir_inside(tmp_path, where, name)
-    assert workspace.output_dir_inside(tmp_path, "/srv/reports", "mine", allow_outside_workspace=True) == Path("/srv/reports/mine")
+    monkeypatch.setenv(workspace.OUTSIDE_ROOTS_ENV, "/srv/reports")  # the worker's environment, not the run's parameters
+    assert workspace.output_dir_inside(tmp_path, "/srv/reports", "mine") == Path("/srv/reports/mine")
 
 
 def test_a_misspelt_model_for_evaluate_or_a_damaged_init_for_train_touches_no_output(shards, tmp_path, capsys):

@@ -135,7 +135,8 @@ def test_the_comparison_pools_seeds_and_draws_each_arms_first_seed(tmp_path):
             items.write_tables(run.dir / "items", model_tables(task, offset + seed))
             runs.append(run)
     params = SimpleNamespace(reference="ref", arms=[SimpleNamespace(name="ref"), SimpleNamespace(name="arm")], report_dir=tmp_path / "report")
-    intervals, pages = item_level(params, runs, [task], validate_params("evaluate", {"bootstrap": {"resamples": 200}}))
+    intervals, pages = item_level(params, runs, [task], validate_params("evaluate", {"bootstrap": {"resamples": 200}}),
+                                  tmp_path / "report" / "compare-gallery")
     per_seed, pooled = intervals["arm"]["per_seed"], intervals["arm"]["pooled"]
     assert set(per_seed) == {"0", "1"}
     assert pooled["binding"]["delta"] == pytest.approx((per_seed["0"]["binding"]["delta"] + per_seed["1"]["binding"]["delta"]) / 2, abs=1e-6)

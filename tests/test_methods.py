@@ -365,6 +365,7 @@ def test_the_compare_flow_trains_each_method_from_one_base_in_a_world_variant_an
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("C2LIP_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("C2LIP_OUTSIDE_ROOTS", str(tmp_path))  # the worker's side admits the test's folders, not the run's parameters
     torch.manual_seed(0)
     base = checkpoints.export_model(create_model("c2lip-tiny-rn", pretrained=None)[0], "c2lip-tiny-rn", tmp_path / "base")
     captions = tiny_captions(tmp_path, shard_size=25).model_dump(mode="json")

@@ -71,10 +71,31 @@ def checked_address(url: str, cfg: DownloadParams) -> tuple[str | None, str | No
         return None, f"{host} does not resolve"
     for text in sorted(set(addresses)):
         address = ipaddress.ip_address(text.split("%")[0])
-        if address.is_global or _allowed(host, address, cfg.allow_hosts):
+        if is_public(address) or _allowed(host, address, cfg.allow_hosts):
             continue
         return None, f"{host} is {address}, not a public address (download.allow_hosts admits a mirror)"
     return addresses[0].split("%")[0], None
+
+
+# NAT64's well-known prefix carries an IPv4 address in its last 32 bits, which a translator reaches (RFC 6052); the
+# local-use prefix (RFC 8215) is never globally reachable. Python 3.11 calls both global (64:ff9b::7f00:1 too).
+NAT64_WELL_KNOWN = ipaddress.ip_network("64:ff9b::/96")
+NAT64_LOCAL_USE = ipaddress.ip_network("64:ff9b:1::/48")
+
+
+def is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """A global address, and so is every IPv4 address it embeds (IPv4-mapped, NAT64, 6to4): ``64:ff9b::7f00:1`` is
+    127.0.0.1 to a NAT64 gateway, so it is as private as 127.0.0.1."""
+    if not address.is_global:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in NAT64_LOCAL_USE:
+            return False
+        embedded = [address.ipv4_mapped, address.sixtofour]
+        if address in NAT64_WELL_KNOWN:
+            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        return all(v4.is_global for v4 in embedded if v4 is not None)
+    return True
 
 
 def refused_address(url: str, cfg: DownloadParams) -> str | None:

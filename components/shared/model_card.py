@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from components.shared.markdown_text import md_literal, md_text
+
 CARD_FILE = "README.md"
 
 # The train stage's own figures that go into the card (metrics/train.json names → what the card calls them)
@@ -85,16 +87,17 @@ def model_card(facts: dict[str, Any], train_figures: dict[str, float] | None = N
     lambdas = f" (λ_npc = {facts['lambda_npc']}, λ_xac = {facts['lambda_xac']})" if "lambda_npc" in facts else ""
     lines = [
         "---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).strip(), "---", "",
-        f"# {name}: {facts['architecture']} fine-tuned with {method}", "",
+        f"# {md_text(name)}: {md_text(facts['architecture'])} fine-tuned with {md_text(method)}", "",
         summary_paragraph(facts, summary), "",
         "## Training", "",
         "| what | value |", "|---|---|",
-        f"| architecture | `{facts['architecture']}`" + (f" with the Hugging Face text tower `{facts['text_tower']}`" if "text_tower" in facts else "") + " |",
-        f"| started from | `{facts['init']}` |",
-        f"| method | `{method}`{lambdas}, {facts['contrastive']} contrastive loss |",
+        f"| architecture | {md_literal(facts['architecture'])}"
+        + (f" with the Hugging Face text tower {md_literal(facts['text_tower'])}" if "text_tower" in facts else "") + " |",
+        f"| started from | {md_literal(facts['init'])} |",
+        f"| method | {md_literal(method)}{lambdas}, {md_text(facts['contrastive'])} contrastive loss |",
         f"| recipe | AdamW lr {facts['lr']:g}, weight decay {facts['weight_decay']:g}, {facts['warmup_steps']} warm-up steps then cosine, "
         f"{facts['steps']} steps of {facts['global_batch']}, seed {facts['seed']} |",
-        f"| data | {', '.join(f'`{s}`' for s in facts['shards'])}, caption field `{facts['caption_field']}` |",
+        f"| data | {', '.join(md_literal(s) for s in facts['shards'])}, caption field {md_literal(facts['caption_field'])} |",
         f"| samples seen | {facts['samples_seen']:,} |",
         f"| weights | `{facts['export_dtype']}` safetensors |", "",
     ]
@@ -126,9 +129,9 @@ def model_card(facts: dict[str, Any], train_figures: dict[str, float] | None = N
 
 def summary_paragraph(facts: dict[str, Any], summary: dict[str, tuple[float, float]] | None) -> str:
     """Two sentences: what the model is, and (when benchmarked) how it moved against its base."""
-    text = (f"`{facts['architecture']}` started from `{facts['init']}` and fine-tuned with `{facts['method']}` for "
-            f"{facts['samples_seen']:,} samples ({facts['steps']} steps of {facts['global_batch']}) on the "
-            f"`{facts['caption_field']}` captions.")
+    text = (f"{md_literal(facts['architecture'])} started from {md_literal(facts['init'])} and fine-tuned with "
+            f"{md_literal(facts['method'])} for {facts['samples_seen']:,} samples ({facts['steps']} steps of {facts['global_batch']}) on the "
+            f"{md_literal(facts['caption_field'])} captions.")
     if summary:
         moved = ", ".join(f"{k} {b:.3f} → {m:.3f}" for k, (b, m) in summary.items())
         text += f" Against its base on the benchmark suite: {moved}."

@@ -4,8 +4,10 @@ against the reference arm seed by seed, the markdown table and the chart."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
+from components.shared.markdown_text import md_text
 from components.shared.params import CompareParams
 from components.shared.reports import figure_png, pyplot
 from components.suite import gallery, items
@@ -54,11 +56,11 @@ def aggregate(params: CompareParams, runs: list, results: dict[str, dict[str, fl
             "headlines": headlines or {}}
 
 
-def item_level(params: CompareParams, runs: list, tasks: list, evaluate: Any) -> tuple[dict[str, Any], list[str]]:
+def item_level(params: CompareParams, runs: list, tasks: list, evaluate: Any, gallery_dir: Path) -> tuple[dict[str, Any], list[str]]:
     """Every arm against the reference item by item: the summary groups' paired bootstrap intervals per seed and pooled
     over seeds (the mean of the seeds' differences, the same item draws in every seed), and one failure-gallery page
-    per arm (its first seed against the reference's same seed) under report_dir/compare-gallery/ (report_dir/gallery/ is the
-    evaluate stage's when the two share a folder)."""
+    per arm (its first seed against the reference's same seed) into the new folder ``gallery_dir`` (swapped in as
+    report_dir/compare-gallery/; report_dir/gallery/ is the evaluate stage's when the two share a folder)."""
     names = [t.name for t in tasks]
     tables = {r.label: items.read_tables(r.dir / "items", names) for r in runs if (r.dir / "items").is_dir()}
     boot = evaluate.bootstrap
@@ -84,7 +86,7 @@ def item_level(params: CompareParams, runs: list, tasks: list, evaluate: Any) ->
     written = []
     g = evaluate.gallery
     if pages and g.enabled:
-        written = [p.name for p in gallery.write_gallery(params.report_dir / "compare-gallery", pages, tasks, g.per_outcome, g.seed, g.thumbnail_px)]
+        written = [p.name for p in gallery.write_gallery(gallery_dir, pages, tasks, g.per_outcome, g.seed, g.thumbnail_px)]
     return out, written
 
 
@@ -126,7 +128,7 @@ def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, fl
     if summary.get("intervals"):
         lines += intervals_section(summary, ref)
     if any(descriptions.values()):
-        lines += ["## Arms", ""] + [f"- `{a}`: {descriptions[a]}" for a in arms if descriptions[a]] + [""]
+        lines += ["## Arms", ""] + [f"- `{a}`: {md_text(descriptions[a])}" for a in arms if descriptions[a]] + [""]
     lines += ["## Every benchmark (headline metric, mean ± sd over seeds)", "", "| benchmark | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
     for task, metric in summary["headlines"].items():
         lines.append(f"| {task} ({metric}) | " + " | ".join(_cell(m[a].get(f"{task}/{metric}")) for a in arms) + " |")

@@ -9,7 +9,6 @@ import hashlib
 import html
 import io
 import json
-import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,10 +69,20 @@ def thumbnail(image: str, box: list[float] | None, folder: Path, px: int) -> str
     return name
 
 
+def _shown_path(image: str) -> str:
+    """The image as the page names it: relative to the working folder (the page goes to MLflow and the docs site,
+    where this machine's absolute paths say nothing and should not be published), else its file name."""
+    path = Path(image)
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.name
+
+
 def _card(task: str, row: dict, new_row: dict, kind: str, page: Page, thumbs: Path, px: int) -> str:
     boxes = row["boxes"] or [None] * len(row["images"])
     pictures = "".join(
-        f'<img src="thumbs/{thumbnail(image, box, thumbs, px)}" alt="{html.escape(Path(image).name)}" title="{html.escape(image)}">'
+        f'<img src="thumbs/{thumbnail(image, box, thumbs, px)}" alt="{html.escape(Path(image).name)}" title="{html.escape(_shown_path(image))}">'
         for image, box in zip(row["images"], boxes, strict=True))
     texts = "".join(f'<li><span class="role">{html.escape(role)}</span> {html.escape(text)}</li>'
                     for role, text in zip(row["roles"], row["texts"], strict=True))
@@ -117,20 +126,16 @@ def render_page(page: Page, tasks: list, thumbs: Path, per_outcome: int, seed: i
 
 
 def write_gallery(folder: Path, pages: list[Page], tasks: list, per_outcome: int = 24, seed: int = 0, px: int = 160) -> list[Path]:
-    """Every page and its thumbnails, built beside ``folder`` and swapped in whole (a killed run leaves the old gallery)."""
-    build = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(build, ignore_errors=True)
-    (build / "thumbs").mkdir(parents=True)
+    """Every page and its thumbnails into ``folder``, which must not exist yet: the callers build it inside a temporary
+    folder of their own and swap it in whole (:mod:`components.shared.owned_outputs`), so a killed run leaves the old
+    gallery and nothing beside it is touched."""
+    if folder.exists():
+        raise FileExistsError(f"{folder}: the gallery is written into a new folder (it exists)")
+    (folder / "thumbs").mkdir(parents=True)
     others = [(p.file, f"{p.model} vs {p.reference}") for p in pages]
     for page in pages:
-        text = render_page(page, tasks, build / "thumbs", per_outcome, seed, px, others if len(pages) > 1 else [])
-        atomic_write_bytes(build / page.file, text.encode())
-    old = folder.with_name(f".{folder.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if folder.exists():
-        folder.rename(old)
-    build.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
+        text = render_page(page, tasks, folder / "thumbs", per_outcome, seed, px, others if len(pages) > 1 else [])
+        atomic_write_bytes(folder / page.file, text.encode())
     return [folder / p.file for p in pages]
 
 

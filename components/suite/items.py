@@ -114,13 +114,32 @@ def table_path(folder: Path, task_name: str) -> Path:
 
 
 def write_tables(folder: Path, tables: dict[str, pa.Table]) -> None:
-    """One Parquet file per benchmark, each written atomically; files of benchmarks no longer in the suite removed."""
+    """One Parquet file per benchmark, each written atomically. Nothing else in ``folder`` is touched: the evaluate
+    stage writes into a folder of its own build (:mod:`components.shared.owned_outputs`), its cache into a new one."""
     for name, table in tables.items():
         atomic_write_parquet(table_path(folder, name), table)
-    keep = {table_path(folder, name).resolve() for name in tables}
-    for stale in folder.rglob("*.parquet"):
-        if stale.resolve() not in keep:
-            stale.unlink()
+
+
+def table_problem(table: pa.Table, task_name: str, headline: str, layout: Layout) -> str | None:
+    """None when ``table`` is a whole per-item table of this task as the suite now reads it: the evaluate stage's
+    metadata with this headline, every row of the layout with the same items, images and texts, and every outcome
+    column its metadata names; else what differs (a cached table of another suite, a damaged or edited file)."""
+    try:
+        meta = table_meta(table)
+    except ValueError as err:
+        return str(err)
+    if meta.get("headline") != headline:
+        return f"headline {meta.get('headline')!r}, the suite's is {headline!r}"
+    static = _static_table(task_name, layout)
+    if table.num_rows != static.num_rows:
+        return f"{table.num_rows} rows, the suite has {static.num_rows}"
+    needed = static.column_names + ["score_names", "scores", "correct"] + [METRIC_PREFIX + m for m in meta.get("metrics") or []]
+    if missing := [c for c in needed if c not in table.column_names]:
+        return f"no column {missing[0]!r}"
+    for column in static.column_names:
+        if table.column(column).to_pylist() != static.column(column).to_pylist():
+            return f"column {column!r} differs from the suite's items"
+    return None
 
 
 def read_tables(folder: Path, names: list[str]) -> dict[str, pa.Table]:

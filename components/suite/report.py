@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.shared.markdown_text import md_literal
 from components.shared.reports import figure_png, pyplot
 from components.suite import formats, items
 
@@ -99,7 +100,7 @@ def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, di
     lines = [
         "# Benchmark report",
         "",
-        f"Models: {', '.join(f'`{n}` ({meta[n]})' for n in names)}. Differences are against `{ref}`. Ties follow each",
+        f"Models: {', '.join(f'`{n}` ({md_literal(meta[n])})' for n in names)}. Differences are against `{ref}`. Ties follow each",
         "benchmark's official script: wrong everywhere except ARO's order benchmarks (p_at_1: the true caption wins a",
         "tie, as ARO's argmax; p_at_1_ties_wrong counts it wrong). ARO VG macro_acc is the official figure (symmetric",
         "relations and attribute pairs under 25 items left out; macro_acc_all_groups keeps them). Rows marked *held-out* are the "
