@@ -87,6 +87,11 @@ def preflight(params: TrainParams) -> dict[str, Any]:
     """Every check that needs no model: config, batch arithmetic, data, concepts, init path."""
     world = world_size_for(params)
     config = deepspeed_config(params, world, torch.cuda.is_available())
+    if params.curves.enabled:  # the tracking suite's world, read now: a missing or binary file stops here, not after the model loaded
+        try:
+            load_params("captions", params.curves.captions_params)
+        except ParamsError as err:
+            raise ParamsError(f"curves.captions_params: {err}") from None
     shards = expand_shards(params.data.shards)
     if len(shards) < world:
         raise ParamsError(f"data.shards: {len(shards)} shard(s) for {world} processes; every rank needs at least one shard")
@@ -102,11 +107,6 @@ def preflight(params: TrainParams) -> dict[str, Any]:
         check_weights_file(Path(init))  # likewise a damaged checkpoint file
     for shard in shards:
         check_tar(shard)
-    if params.curves.enabled:  # the tracking suite's world, read now: a missing or binary file stops here, not after the model loaded
-        try:
-            load_params("captions", params.curves.captions_params)
-        except ParamsError as err:
-            raise ParamsError(f"curves.captions_params: {err}") from None
     return config
 
 

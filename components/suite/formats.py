@@ -39,23 +39,6 @@ class ImageRef:
     box: tuple[float, float, float, float] | None = None
 
 
-OUTSIDE_SHOWN = 3
-
-
-def confine_images(task: Task, image_root: Path, file: Path) -> Task:
-    """``task`` if every image it reads lies inside ``image_root``; else a :class:`BenchmarkError` naming the file, how
-    many items lead outside (an absolute name, ``../``, a link out: reason ``outside_image_root``, as the captions
-    stage counts them) and the first few. A benchmark file must not make the stage read, and copy into the gallery,
-    MLflow and the docs site, other files of the machine."""
-    root = Path(image_root).resolve()
-    outside = sorted({str(ref.path) for ref in task.images if not Path(ref.path).resolve().is_relative_to(root)})
-    if outside:
-        shown = ", ".join(repr(p) for p in outside[:OUTSIDE_SHOWN])
-        raise BenchmarkError(f"{file}: {len(outside)} image(s) outside the image root {image_root} (outside_image_root): {shown}; "
-                             "name images relative to the image root")
-    return task
-
-
 @dataclass
 class Task:
     """One benchmark, ready to score. ``score_items(images, texts)`` gets this task's image embeddings
