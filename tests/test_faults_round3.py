@@ -419,3 +419,68 @@ def test_a_replaced_local_image_of_a_table_source_changes_the_captions_fingerpri
     Image.new("RGB", (8, 8), (0, 0, 255)).save(tmp_path / "img" / "a.jpg")  # the table unchanged
     os.utime(tmp_path / "img" / "a.jpg", ns=(time.time_ns(), time.time_ns() + 1_000_000))
     assert captions.source_signature(TableSource(params)) != before
+
+
+# --------------------------------------------------------------------------------------------------
+# user text in generated pages: shown, never run, never fetched
+# --------------------------------------------------------------------------------------------------
+
+HOSTILE = ('<script>window.__pwned = 1</script><img src="http://127.0.0.1:9/pixel.png" onerror="window.__pwned = 2"> '
+           '![x](http://127.0.0.1:9/image.png) [link](javascript:alert(1)) `tick` | pipe')
+
+
+def _hostile_pages() -> dict[str, str]:
+    from components.shared.model_card import model_card
+    from components.suite.compare_report import markdown as compare_markdown
+    from components.suite.report import markdown_report
+
+    facts = {"architecture": "c2lip-tiny-rn", "init": HOSTILE, "method": "c2lip", "contrastive": "sigmoid", "lr": 1e-4, "warmup_steps": 1,
+             "weight_decay": 0.1, "steps": 1, "global_batch": 2, "samples_seen": 2, "seed": 0, "shards": [HOSTILE], "caption_field": "long",
+             "export_dtype": "float32"}
+    summary = {"arms": ["a", "b"], "reference": "a", "seeds": [0], "metrics": {"a": {}, "b": {}}, "paired": {}, "headlines": {}}
+    arms = SimpleNamespace(arms=[SimpleNamespace(name="a", description=HOSTILE), SimpleNamespace(name="b", description="")])
+    return {"benchmarks.md": markdown_report([], {"base": {}, "tuned": {}}, ["base", "tuned"], {"base": HOSTILE, "tuned": "models/train/export"}),
+            "compare.md": compare_markdown(arms, summary, {}, {"steps": 1, "global_batch": 2, "samples": 2}),
+            "card.md": model_card(facts).split("---", 2)[2]}  # the card's body (its front matter is YAML, tested apart)
+
+
+def test_hostile_params_text_is_escaped_by_every_markdown_writer():
+    for name, text in _hostile_pages().items():
+        assert "<script" not in text and "<img" not in text and "](http" not in text, name
+        assert "&lt;script&gt;" in text, name  # shown, not dropped
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium on this machine (Debian: apt-get install chromium); "
+                    "the docs' browser check needs it")
+def test_hostile_params_text_runs_no_script_and_fetches_nothing_in_the_docs_site(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    pages = _hostile_pages()
+    for name, text in pages.items():
+        (docs / name).write_text(text)
+    (docs / "index.md").write_text("# Reports\n")
+    # the project's own Markdown extensions and theme; no web fonts (they would be a request of the theme's own)
+    import yaml
+
+    site_cfg = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    config = {"site_name": "hostile", "docs_dir": str(docs), "site_dir": str(tmp_path / "site"), "theme": {"name": "material", "font": False},
+              "markdown_extensions": site_cfg["markdown_extensions"]}
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "-f", str(tmp_path / "mkdocs.yml")], capture_output=True, text=True,
+                           timeout=HANG_S, env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"})
+    assert built.returncode == 0, built.stderr[-2000:]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"], timeout=HANG_S * 1000)
+        page = browser.new_page()
+        page.set_default_timeout(HANG_S * 1000)
+        requests = []
+        page.on("request", lambda r: requests.append(r.url))
+        for name in pages:
+            page.goto((tmp_path / "site" / name.replace(".md", "") / "index.html").as_uri())
+            page.wait_for_load_state("load")
+            assert page.evaluate("window.__pwned") is None, name
+            assert "<script>window.__pwned = 1</script>" in page.inner_text("article"), name  # the text is shown as typed
+        browser.close()
+    assert not [u for u in requests if not u.startswith("file://")], requests
