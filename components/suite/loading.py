@@ -12,22 +12,20 @@ from components.suite import aro as aro_formats
 from components.suite import formats, long_captions, retrieval
 
 MISSING_SHOWN = 5
-
-
 OUTSIDE_SHOWN = 3
 
 
 def confine_images(task: formats.Task, image_root: Path, file: Path) -> formats.Task:
-    """``task`` if every image it reads lies inside ``image_root``; else a :class:`~components.suite.formats.BenchmarkError` naming the file, how
-    many items lead outside (an absolute name, ``../``, a link out: reason ``outside_image_root``, as the captions
-    stage counts them) and the first few. A benchmark file must not make the stage read, and copy into the gallery,
+    """``task`` if every image it reads lies inside ``image_root``; else a BenchmarkError naming the file, how many
+    images lead outside (an absolute name, ``../``, a link out: reason ``outside_image_root``, as the captions stage
+    counts them) and the first few. A benchmark file must not make the stage read, and copy into the gallery,
     MLflow and the docs site, other files of the machine."""
     root = Path(image_root).resolve()
     outside = sorted({str(ref.path) for ref in task.images if not Path(ref.path).resolve().is_relative_to(root)})
     if outside:
         shown = ", ".join(repr(p) for p in outside[:OUTSIDE_SHOWN])
-        raise formats.BenchmarkError(f"{file}: {len(outside)} image(s) outside the image root {image_root} (outside_image_root): {shown}; "
-                             "name images relative to the image root")
+        raise formats.BenchmarkError(f"{file}: {len(outside)} image(s) outside the image root {image_root} (outside_image_root): "
+                                     f"{shown}; name images relative to the image root")
     return task
 
 
