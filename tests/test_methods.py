@@ -247,7 +247,8 @@ def _batches(params: TrainParams, tmp_path, n: int, accumulation: int = 1):
 
 def test_negclip_and_hp_hn_batches_hold_each_captions_hard_examples(tiny_data, tmp_path):
     for name in ("negclip", "hp_hn"):
-        (batch, again), _ = _batches(_params(tiny_data, name=name, hard_examples={"negatives_per_caption": 2}), tmp_path, 2)
+        every_kind = {"negatives_per_caption": 2, "negative_kinds": ["swap_att", "swap_obj", "replace_att", "replace_obj", "replace_rel"]}
+        (batch, again), _ = _batches(_params(tiny_data, name=name, hard_examples=every_kind), tmp_path, 2)
         owner, positive = batch["extra_owner"], batch["extra_positive"]
         assert batch["extra_texts"].shape[0] == owner.shape[0] == positive.shape[0] > 0
         counts = torch.bincount(owner[~positive], minlength=8)
@@ -458,3 +459,31 @@ def test_samples_to_reach_swap_att_is_the_first_checkpoint_from_which_it_stays_a
     table = "\n".join(reach_section(reach))
     assert "| a | 120; 40 | 40 | 0.900 (0.500) | 0.220 |" in table
     assert "| b | not reached by 80 (0.520) | not reached | – (–) | – |" in table
+
+
+def test_negclip_negatives_are_swaps_by_default_and_the_old_mix_is_a_variant(tiny_data, tmp_path):
+    from components.method.batches import caption_hard_examples
+    from components.shared.params_train import ALL_NEGATIVE_KINDS, HardExampleParams
+
+    settings = HardExampleParams()
+    assert settings.kinds_for("negclip") == ["swap_att", "swap_obj"] and settings.kinds_for("hp_hn") == list(ALL_NEGATIVE_KINDS)
+    mixed = HardExampleParams(negative_kinds=list(ALL_NEGATIVE_KINDS))
+    assert mixed.kinds_for("negclip") == list(ALL_NEGATIVE_KINDS)
+    params = _params(tiny_data, name="negclip")
+    shards = stream.expand_shards(params.data.shards)
+    dataset = stream.TrainBatches(params, shards, 0, 1, 0, None, None, None, None)
+    samples = [s for s, _ in zip(stream.sample_stream(shards, 0, 0, 1, 4), range(40), strict=False)]
+    rng = np.random.default_rng(0)
+    swaps = replacements = 0
+
+    def words(text: str) -> list[str]:
+        return sorted(re.findall(r"[a-z]+", text.lower()))
+
+    for _, meta, caption, _ in dataset.decode(samples):
+        vocabulary = sorted({(o["color"], o["shape"]) for o in meta["objects"]})
+        for text in caption_hard_examples(caption, meta, rng, vocabulary, settings, False, None, "negclip")[0]:
+            assert words(text) == words(caption)  # a swap keeps the bag of words
+            swaps += 1
+        for text in caption_hard_examples(caption, meta, rng, vocabulary, mixed, False, None, "negclip")[0]:
+            replacements += words(text) != words(caption)
+    assert swaps and replacements  # the default only swaps; the old mix also replaces

@@ -482,3 +482,29 @@ def test_a_run_killed_while_writing_its_first_checkpoint_starts_afresh_but_a_cor
     weights.write_bytes(weights.read_bytes()[:1000])
     stopped = run_stage(params_file, mlflow_env)
     assert stopped.returncode != 0 and "no intact checkpoint to resume from" in stopped.stderr
+
+
+def test_a_share_of_crowded_scenes_trains_on_a_binding_alt_text(tiny_data, tmp_path):
+    params = TrainParams.model_validate(tiny_train(tiny_data, tmp_path, data={
+        "workers": 0, "caption_field": "raw", "single_object_caption_field": "short", "binding_alt_text_share": 0.5}))
+    shards = stream.expand_shards(params.data.shards)
+    dataset = stream.TrainBatches(params, shards, 0, 1, 0, None, None, None, None)
+    samples = [s for s, _ in zip(stream.sample_stream(shards, 0, 0, 1, 4), range(80), strict=False)]
+    binding = plain = 0
+    for (key, meta, caption, _), sample in zip(dataset.decode(samples), samples, strict=True):
+        assert key == sample["__key__"]
+        if len(meta["objects"]) == 1:
+            assert caption == meta["captions"]["short"]
+            continue
+        picked = stream.binds_in_alt_text(key, 0.5)
+        assert caption == meta["captions"]["short" if picked else "raw"]
+        binding, plain = binding + picked, plain + (not picked)
+    assert binding and plain  # both kinds of crowded scene were in the sample
+    # which scenes bind is a property of the image: the same keys for any seed, nested as the share grows
+    keys = [f"train-{i:06d}" for i in range(4000)]
+    tenth = {k for k in keys if stream.binds_in_alt_text(k, 0.1)}
+    half = {k for k in keys if stream.binds_in_alt_text(k, 0.5)}
+    assert tenth < half and 0.08 < len(tenth) / len(keys) < 0.12 and 0.47 < len(half) / len(keys) < 0.53
+    assert not any(stream.binds_in_alt_text(k, 0.0) for k in keys)
+    with pytest.raises(ValidationError, match="less than or equal to 1"):
+        TrainParams.model_validate({"data": {"binding_alt_text_share": 1.5}})

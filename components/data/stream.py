@@ -8,6 +8,7 @@ batch index), so a killed run resumes at the same sample with the same crops and
 from __future__ import annotations
 
 import glob
+import hashlib
 import io
 import json
 import random
@@ -84,6 +85,15 @@ def load_recaptions(recaptions_dir: Path | None, fields: list[str]) -> dict[str,
         for field in columns:
             recaptions[field].update(zip(table["key"], table[field], strict=True))
     return recaptions
+
+
+def binds_in_alt_text(key: str, share: float) -> bool:
+    """Whether this sample is among the ``share`` of crowded scenes whose alt-text binds. A property of the image
+    (a hash of its key, never of the run's seed), as real alt-text is: the same scenes bind in every run."""
+    if share <= 0:
+        return False
+    digest = hashlib.blake2b(f"binding-alt-text:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < share
 
 
 def sample_stream(shards: list[str], seed: int, rank: int, world: int, shuffle_buffer: int) -> Iterator[dict]:
@@ -176,7 +186,8 @@ class TrainBatches(IterableDataset):
         self._nlp: dict[str, Any] = {}
         self.undecodable = 0  # images skipped so far in this process (a data worker has its own count)
         data = params.data
-        self.recaptions = load_recaptions(data.recaptions_dir, [*data.caption_fields, *filter(None, [data.single_object_caption_field])])
+        self.recaptions = load_recaptions(data.recaptions_dir, [*data.caption_fields, *filter(None, [data.single_object_caption_field]),
+                                                                 *([data.binding_alt_text_field] if data.binding_alt_text_share else [])])
 
     def __iter__(self):
         info = get_worker_info()
@@ -212,6 +223,8 @@ class TrainBatches(IterableDataset):
                 meta = json.loads(sample["json"]) if "json" in sample else {}
                 if data.single_object_caption_field and len(meta.get("objects", ())) == 1:
                     field = data.single_object_caption_field
+                elif len(meta.get("objects", ())) > 1 and binds_in_alt_text(key, data.binding_alt_text_share):
+                    field = data.binding_alt_text_field
                 if field in self.recaptions:
                     caption = self.recaptions[field].get(key)
                     if caption is None:

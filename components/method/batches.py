@@ -107,7 +107,8 @@ def _with_hard_examples(decoded: list[Decoded], ctx: BatchContext, want_positive
     vocabulary = sorted({(o["color"], o["shape"]) for _, meta, *_ in decoded for o in meta.get("objects", [])})
     texts, owners, positive = [], [], []
     for i, ((_, meta, _, _), caption) in enumerate(zip(decoded, captions, strict=False)):
-        negatives, positives = caption_hard_examples(caption, meta, ctx.rng, vocabulary, settings, want_positive, ctx.nlp)
+        negatives, positives = caption_hard_examples(caption, meta, ctx.rng, vocabulary, settings, want_positive, ctx.nlp,
+                                                     ctx.params.method.name)
         for text in negatives[:settings.negatives_per_caption]:
             texts.append(text), owners.append(i), positive.append(False)
         if positives:
@@ -121,11 +122,11 @@ def _with_hard_examples(decoded: list[Decoded], ctx: BatchContext, want_positive
 
 
 def caption_hard_examples(caption: str, meta: dict, rng: np.random.Generator, vocabulary, settings, want_positive: bool,
-                          nlp: Callable[[str], Any]) -> tuple[list[str], list[str]]:
+                          nlp: Callable[[str], Any], method: str = "negclip") -> tuple[list[str], list[str]]:
     """(hard negatives, hard positives) of one caption, each list in random order: exact edits for a
     ShapesWorld caption, spaCy rules otherwise."""
     if meta.get("source") == "shapesworld" and (parsed := parse_shapes_caption(caption)) is not None:
-        negatives = [c.text() for c in caption_negatives(parsed, meta, rng, vocabulary, settings.negative_kinds).values()]
+        negatives = [c.text() for c in caption_negatives(parsed, meta, rng, vocabulary, settings.kinds_for(method)).values()]
         positives = [c.text() for k, c in caption_positives(parsed).items() if k in settings.positive_kinds] if want_positive else []
     elif meta.get("source") == "shapesworld":
         return [], []  # a phrase or the raw alt-text: no claims to edit

@@ -56,6 +56,16 @@ class TrainDataParams(Strict):
         "instead of caption_field: the web-like base's mix, where a photo of one thing carries a describing "
         "alt-text and a crowded one only its bag of words (docs: training, 'The base model'). None: off.",
     )
+    binding_alt_text_share: float = Field(
+        0.0, ge=0, le=1,
+        description="Share of crowded scenes (two or more objects) whose alt-text binds, as real alt-text sometimes does "
+        "('a red car next to a white house'): those scenes train on binding_alt_text_field instead of caption_field. "
+        "Which scenes is fixed by the sample key, so the same images bind in every run and seed (the calibrated base's "
+        "knob, docs/results/calibration.md). 0: off.",
+    )
+    binding_alt_text_field: str = Field(
+        "short", description="The caption field of the crowded scenes picked by binding_alt_text_share (ShapesWorld's "
+        "short: the first two objects with their colours and their relation).")
     crop_scale: tuple[float, float] = Field((0.9, 1.0), description="RandomResizedCrop area range.")
     shuffle_buffer: int = Field(2000, ge=1, description="Samples in the seeded shuffle buffer (one per epoch and rank).")
     workers: int = Field(1, ge=0, description="DataLoader worker processes per rank (0: decode in the training process).")
@@ -70,7 +80,7 @@ class TrainDataParams(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TrainDataParams:
-        for field in [*self.caption_fields, *filter(None, [self.single_object_caption_field])]:
+        for field in [*self.caption_fields, *filter(None, [self.single_object_caption_field]), self.binding_alt_text_field]:
             if not re.match(CAPTION_FIELD_PATTERN, field):
                 raise ValueError(f"caption_field: {field!r} is not a valid field name")
         low, high = self.crop_scale
@@ -126,13 +136,28 @@ class ModelParams(Strict):
         None, description="A Hugging Face language model as the text tower instead of the architecture's own (None: keep it).")
 
 
+NegativeKind = Literal["swap_att", "swap_obj", "replace_att", "replace_obj", "replace_rel"]
+ALL_NEGATIVE_KINDS = ("swap_att", "swap_obj", "replace_att", "replace_obj", "replace_rel")
+# NegCLIP (Yuksekgonul et al., ICLR 2023) makes its negatives by swapping linguistic elements of the caption: on
+# ShapesWorld, colours between objects (binding) and objects around their relation (order)
+NEGCLIP_NEGATIVE_KINDS = ("swap_att", "swap_obj")
+
+
 class HardExampleParams(Strict):
     """Hard negatives (negclip, hp_hn) and hard positives (hp_hn) made from each training caption: exact
     edits of the scene's claims on ShapesWorld, spaCy rules on real captions (components/method/hard_examples.py)."""
 
-    negative_kinds: list[Literal["swap_att", "swap_obj", "replace_att", "replace_obj", "replace_rel"]] = Field(
-        default_factory=lambda: ["swap_att", "swap_obj", "replace_att", "replace_obj", "replace_rel"], min_length=1,
-        description="Kinds of hard negative drawn from (swap/replace of attribute, object or relation).")
+    negative_kinds: list[NegativeKind] | None = Field(
+        None, min_length=1,
+        description="Kinds of hard negative drawn from (swap/replace of attribute, object or relation). None: the method's "
+        "own: negclip swaps attributes and objects, as NegCLIP's paper builds its negatives (replacements are solved by a "
+        "bag of words); hp_hn draws from all five. The old negclip mix is the variant that lists all five.")
+
+    def kinds_for(self, method: str) -> list[str]:
+        """The negative kinds a method draws from: the params' list, else the method's default."""
+        if self.negative_kinds is not None:
+            return list(self.negative_kinds)
+        return list(NEGCLIP_NEGATIVE_KINDS if method == "negclip" else ALL_NEGATIVE_KINDS)
     negatives_per_caption: int = Field(1, ge=1, le=5, description="Hard negatives per caption (distinct kinds, drawn at random).")
     positive_kinds: list[Literal["reorder", "invert", "synonym"]] = Field(
         default_factory=lambda: ["reorder", "invert", "synonym"], min_length=1,
