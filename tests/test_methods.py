@@ -455,10 +455,13 @@ def test_samples_to_reach_swap_att_is_the_first_checkpoint_from_which_it_stays_a
               "b/seed0": ("b", run([0.5, 0.7, 0.52]))}  # b touches 0.6 once and falls back: not reached
     reach = samples_to_reach(curves, global_batch=4)
     assert [(r["samples"], r["retrieval"]) for r in reach["a"]] == [(120, 0.23), (40, 0.21)]  # steps 30 and 10, × 4 samples
-    assert reach["b"] == [{"run": "b/seed0", "samples": None, "last_samples": 80, "final_swap_att": 0.52}]
+    assert reach["b"] == [{"run": "b/seed0", "samples": None, "auc": pytest.approx(0.605), "last_samples": 80, "final_swap_att": 0.52}]
+    # area: trapezoids over samples / span; seed0 (0.5, 0.61, 0.55, 0.6, 0.7) -> (0.555 + 0.58 + 0.575 + 0.65) / 4
+    assert [r["auc"] for r in reach["a"]] == [pytest.approx(0.59), pytest.approx(0.6375)]
     table = "\n".join(reach_section(reach))
-    assert "| a | 120; 40 | 40 | 0.900 (0.500) | 0.220 |" in table
-    assert "| b | not reached by 80 (0.520) | not reached | – (–) | – |" in table
+    # the interval over two seeds: mean 0.61375 ± t(0.975, 1) · sd / √2 = ± 12.706 · 0.0336 / 1.414
+    assert "| a | 120; 40 | 40 | 0.900 (0.500) | 0.220 | 0.614 [0.312, 0.916] |" in table
+    assert "| b | not reached by 80 (0.520) | not reached | – (–) | – | 0.605 |" in table
 
 
 def test_negclip_negatives_are_swaps_by_default_and_the_old_mix_is_a_variant(tiny_data, tmp_path):
