@@ -1,0 +1,112 @@
+"""The calibration table: our testbed's figures beside the published ones, family by family and arm by arm.
+
+The published rows are anchors of direction and size (the C2LIP paper's Table 1 for SigLIP B/16 and its fine-tune;
+NegCLIP's figures as arXiv 2412.15396 tabulates them, from CLIP), never targets to fit. Ours come from comparison
+reports (``components.compare``'s compare.json): the base's figure from one arm of a base sweep, each fine-tune arm's
+change against that base as the mean over seeds with a 95% interval over seeds.
+
+    python -m components.suite.calibration --base reports/calibrate-base/compare.json --base-arm share0.5 \\
+        --arms reports/control-calibrated/compare.json --out reports/calibration.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from components.shared.atomic import atomic_write_json
+from components.suite.compare_report import over_seeds
+
+# family -> (what it reads from a run's flat metrics: one key, or several averaged, e.g. both SC++ swap subsets)
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "swap_att": ("sugarcrepe/swap_att/acc",),
+    "sc_pp_swap": ("sugarcrepe_pp/swap_att/itt", "sugarcrepe_pp/swap_obj/itt"),
+    "vg_relation": ("aro/vg_relation/macro_acc",),
+    "vg_attribution": ("aro/vg_attribution/macro_acc",),
+    "zero_shot": ("zero_shot/top1",),
+    "retrieval": ("retrieval/shapesworld/mean_r1",),
+}
+
+# The published anchors. base: a web-pretrained model (SigLIP B/16 where the C2LIP paper reports it; CLIP for ARO).
+# arms: the published figure after fine-tuning and, where the paper gives both ends, its change; "sign" is the
+# direction every published row agrees on.
+PUBLISHED: dict[str, Any] = {
+    "base": {"swap_att": 0.658, "sc_pp_swap": 0.628, "vg_relation": 0.59, "vg_attribution": 0.63, "zero_shot": 0.761,
+             "retrieval": 0.789},
+    "arms": {
+        "c2lip": {"swap_att": {"value": 0.731, "delta": 0.073, "sign": 1}, "sc_pp_swap": {"value": 0.753, "delta": 0.125, "sign": 1},
+                  "zero_shot": {"value": 0.735, "delta": -0.026, "sign": -1}, "retrieval": {"value": 0.827, "delta": 0.038, "sign": 1}},
+        "negclip": {"swap_att": {"value": 0.753, "sign": 1}, "sc_pp_swap": {"value": 0.709, "sign": 1},
+                    "vg_relation": {"value": 0.71, "delta": 0.12, "sign": 1}, "vg_attribution": {"value": 0.81, "delta": 0.18, "sign": 1},
+                    "zero_shot": {"value": 0.557, "sign": -1}},
+    },
+    "sources": {"base, c2lip": "C2LIP (CVPR 2026) Table 1: SigLIP ViT-B/16 (WebLI) and its C2LIP fine-tune on CC3M",
+                "negclip, ARO base": "arXiv 2412.15396's table: NegCLIP and CLIP ViT-B/32"},
+}
+
+
+class CalibrationError(ValueError):
+    """A comparison report that cannot fill the table (missing arm or metric), named."""
+
+
+def family_values(metrics: dict[str, Any], arm: str, where: Path) -> dict[str, list[float]]:
+    """Per family, the arm's per-seed values (several keys: their mean, seed by seed)."""
+    if arm not in metrics:
+        raise CalibrationError(f"{where}: no arm {arm!r} (arms: {', '.join(metrics)})")
+    out = {}
+    for family, keys in FAMILIES.items():
+        missing = [k for k in keys if k not in metrics[arm]]
+        if missing:
+            continue  # a suite without ARO, say: the family is left out, not invented
+        columns = [metrics[arm][k]["values"] for k in keys]
+        out[family] = [sum(seed) / len(seed) for seed in zip(*columns, strict=True)]
+    return out
+
+
+def calibration(base_report: dict[str, Any], base_arm: str, arm_reports: list[dict[str, Any]], where: Path) -> dict[str, Any]:
+    """``{"base": {family: figure}, "published": {...}, "arms": {arm: {family: {"delta", "low", "high", "seeds",
+    "sign_agrees"}}}}``: each arm's change against the base (mean over seeds, 95% interval over seeds)."""
+    base = {family: sum(v) / len(v) for family, v in family_values(base_report["metrics"], base_arm, where).items()}
+    arms: dict[str, Any] = {}
+    for report in arm_reports:
+        for arm in report["arms"]:
+            values = family_values(report["metrics"], arm, where)
+            row = {}
+            for family, seeds in values.items():
+                if family not in base:
+                    continue
+                stats = over_seeds([v - base[family] for v in seeds])
+                published = PUBLISHED["arms"].get(arm, {}).get(family)
+                agrees = None
+                if published is not None:
+                    # the sign agrees when the interval lies on the published side of 0 (an interval holding 0: no)
+                    agrees = stats["low"] > 0 if published["sign"] > 0 else stats["high"] < 0
+                row[family] = {"delta": round(stats["mean"], 5), "low": round(stats["low"], 5), "high": round(stats["high"], 5),
+                               "seeds": stats["seeds"], "sign_agrees": agrees}
+            arms[arm] = row
+    return {"base": {k: round(v, 5) for k, v in base.items()}, "base_arm": base_arm, "published": PUBLISHED, "arms": arms}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m components.suite.calibration", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", type=Path, required=True, help="compare.json of the base sweep")
+    parser.add_argument("--base-arm", required=True, help="the sweep's arm that is the base")
+    parser.add_argument("--arms", type=Path, nargs="+", required=True, help="compare.json of fine-tunes from that base")
+    parser.add_argument("--out", type=Path, default=Path("reports/calibration.json"))
+    args = parser.parse_args(argv)
+    try:
+        reports = [json.loads(p.read_text()) for p in (args.base, *args.arms)]
+        table = calibration(reports[0], args.base_arm, reports[1:], args.base)
+    except (OSError, json.JSONDecodeError, KeyError, CalibrationError) as err:
+        print(f"calibration: {err}", file=sys.stderr)
+        return 2
+    atomic_write_json(args.out, table)
+    print(f"calibration: wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
