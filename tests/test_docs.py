@@ -47,3 +47,17 @@ def test_no_user_facing_text_cites_an_internal_issue_number():
     offenders = [f"{p.relative_to(REPO)}:{n}" for p in user_facing for n, line in enumerate(p.read_text().splitlines(), 1)
                  if re.search(r"\bissues? \d+\b|\bissue \d+'s\b", line, re.IGNORECASE)]
     assert not offenders, offenders
+
+
+def test_every_comparison_presets_report_would_be_committed():
+    """A preset's report is what its docs page shows (docs/tools/gen_pages.py): one that git ignores is lost with the
+    machine that ran it, and the page with it. Galleries are outputs and stay out."""
+    reports = sorted({m.group(1) for preset in (REPO / "params" / "presets").glob("*.yaml")
+                      for m in [re.search(r"^report_dir:\s*(reports/[\w.-]+)\s*$", preset.read_text(), flags=re.MULTILINE)] if m})
+    assert "reports/calibrate-base" in reports, reports
+    paths = [f"{folder}/{name}" for folder in reports for name in ("compare.md", "compare.json", "compare.png")]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO, capture_output=True, text=True)
+    assert ignored.returncode in (0, 1), ignored.stderr
+    assert ignored.stdout.split() == [], f"git ignores these reports: {ignored.stdout.split()}"
+    gallery = subprocess.run(["git", "check-ignore", "--no-index", f"{reports[0]}/compare-gallery/index.html"], cwd=REPO, capture_output=True, text=True)
+    assert gallery.returncode == 0, "a comparison's gallery should stay out of git"

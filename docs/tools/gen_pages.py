@@ -64,10 +64,27 @@ gallery_for("results/reports/benchmarks.md", REPORTS / "gallery", "gallery", "ga
 report_page("results/reports/compare.md", REPORTS / "compare.md", REPORTS / "compare.png",
             "Comparison of methods", "`make compare` writes it (reports/compare.md)")
 gallery_for("results/reports/compare.md", REPORTS / "compare-gallery", "compare-gallery", "compare-gallery")
-for folder in sorted(p for p in REPORTS.glob("*/") if (p / "compare.md").is_file()):
-    report_page(f"results/reports/{folder.name}.md", folder / "compare.md", folder / "compare.png",
-                f"Comparison: {folder.name}", f"`python -m components.compare` with its preset writes it ({folder.name}/)")
-    gallery_for(f"results/reports/{folder.name}.md", folder / "compare-gallery", "compare-gallery", f"{folder.name}-gallery")
+
+
+def preset_reports() -> dict[str, Path]:
+    """Report folder name -> the preset that writes it, for every comparison preset under params/presets/: each gets a
+    page whether or not it has been run here, so the site's navigation never points at a page a fresh clone lacks."""
+    found = {}
+    for preset in sorted((ROOT / "params" / "presets").glob("*.yaml")):
+        match = re.search(r"^report_dir:\s*reports/([\w.-]+)\s*$", preset.read_text(), flags=re.MULTILINE)
+        if match:
+            found[match.group(1)] = preset.relative_to(ROOT)
+    return found
+
+
+PRESETS = preset_reports()
+RUN_FOLDERS = {p.name for p in REPORTS.glob("*/") if (p / "compare.md").is_file()}
+for name in sorted(RUN_FOLDERS | set(PRESETS)):
+    folder = REPORTS / name
+    how = (f"`python -m components.compare --params {PRESETS[name]}` writes it (reports/{name}/)" if name in PRESETS
+           else f"`python -m components.compare` with its params writes it (reports/{name}/)")
+    report_page(f"results/reports/{name}.md", folder / "compare.md", folder / "compare.png", f"Comparison: {name}", how)
+    gallery_for(f"results/reports/{name}.md", folder / "compare-gallery", "compare-gallery", f"{name}-gallery")
 
 
 def card_page(target: str, card: Path) -> None:
