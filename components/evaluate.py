@@ -30,20 +30,19 @@ from typing import Any
 
 import pyarrow as pa
 import torch
-from PIL import Image
-from tqdm import tqdm
 
 from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json
-from components.shared.checkpoints import EXPORT_CONFIG, check_export, refuse_export_code  # what our exports (and MLflow-registered models) hold
 from components.shared.owned_outputs import ForeignFilesError, OwnedOutputs
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
-from components.shared.safe_load import RemoteCodeRefused, UnsafeCheckpointError, load_torch_file
+from components.shared.safe_load import UnsafeCheckpointError
 from components.shared.stage_code import stage_code
 from components.suite import formats, gallery, items, results_cache
 from components.suite.loading import SuiteError, check_images, load_suite, load_tagger  # noqa: F401 - the stage's API
+from components.suite.model_loading import load_model, load_state_dict, model_fingerprint, resolve_model  # noqa: F401 - the stage's API
 from components.suite.report import bar_chart, flat_metrics, interval_json, markdown_report, paired_intervals
+from components.suite.scoring import encode_images, encode_texts, evaluate_shared, results_of  # noqa: F401 - the stage's API
 
 EvaluateError = SuiteError  # a model or benchmark that cannot be evaluated: says which, and why
 
@@ -64,215 +63,6 @@ def suite_fingerprint(params: EvaluateParams, tasks: list[formats.Task]) -> str:
     for path in stage_code("components.evaluate"):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
-
-
-# --------------------------------------------------------------------------------------------------
-# models
-# --------------------------------------------------------------------------------------------------
-
-
-def _find_export(root: Path) -> Path | None:
-    hits = sorted(root.rglob(EXPORT_CONFIG))
-    return hits[0].parent if hits else None
-
-
-def resolve_model(spec: EvalModelSpec, download_dir: Path) -> tuple[str, Any]:
-    """("export", folder) | ("checkpoint", file) | ("pretrained", (arch, tag)). An MLflow URI is downloaded
-    and must contain an open_clip export (open_clip_config.json + weights)."""
-    if spec.pretrained is not None:
-        return "pretrained", (spec.arch, spec.pretrained)
-    uri = spec.uri
-    if uri.startswith("models:/") or uri.startswith("runs:/"):
-        import mlflow
-
-        from components.shared.tracking import default_tracking_uri
-
-        mlflow.set_tracking_uri(default_tracking_uri())
-        target = download_dir / spec.name
-        try:
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(target)))
-        except Exception as err:  # MLflow raises several types for an unknown name, alias or version
-            raise EvaluateError(redact(f"model {spec.name!r}: cannot download {uri} from {default_tracking_uri()}: {err}")) from None
-        export = _find_export(local)
-        if export is None:
-            raise EvaluateError(f"model {spec.name!r}: {uri} holds no {EXPORT_CONFIG} (not an open_clip export)")
-        return "export", export
-    path = Path(uri)
-    if path.is_dir():
-        if not (path / EXPORT_CONFIG).is_file():
-            raise EvaluateError(f"model {spec.name!r}: {path} has no {EXPORT_CONFIG}; an export folder is written by the train stage")
-        return "export", path
-    if path.is_file():
-        if spec.arch is None:
-            raise EvaluateError(f"model {spec.name!r}: checkpoint file {path} needs 'arch' (its open_clip architecture)")
-        return "checkpoint", path
-    raise EvaluateError(f"model {spec.name!r}: {uri} is neither a folder, a file nor a models:/ URI (not found)")
-
-
-def model_fingerprint(kind: str, where: Any) -> str:
-    digest = hashlib.sha256(kind.encode())
-    if kind == "export":
-        for file in sorted(Path(where).iterdir()):
-            if file.is_file():
-                digest.update(file.name.encode())
-                digest.update(file.read_bytes())
-    elif kind == "checkpoint":
-        digest.update(Path(where).read_bytes())
-    else:
-        digest.update(json.dumps(where).encode())
-    return digest.hexdigest()[:16]
-
-
-def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Weights of a checkpoint file: safetensors, a plain state dict, or one under 'state_dict' /
-    'module' (DeepSpeed's mp_rank_00_model_states.pt) / 'model'; DDP's 'module.' prefix removed, and the train
-    stage's 'model.' (its DeepSpeed module is the model with its loss)."""
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        if not path.is_file():
-            raise CorruptFileError(f"{path}: checkpoint file does not exist")
-        try:
-            state = load_file(str(path))
-        except Exception as err:  # noqa: BLE001 - safetensors raises its own error types (truncated header, bad JSON, ...)
-            raise CorruptFileError(f"{path}: not a readable safetensors file ({str(err).splitlines()[0][:200]})") from None
-    else:
-        state = load_torch_file(path)  # weights only: a crafted checkpoint runs no code
-        for key in ("state_dict", "module", "model"):
-            if isinstance(state, dict) and isinstance(state.get(key), dict):
-                state = state[key]
-                break
-    if not isinstance(state, dict) or not state:
-        raise EvaluateError(f"{path}: no state dict found in the checkpoint")
-    prefix = "module."
-    state = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
-    # c2lip's own DeepSpeed checkpoints hold the TrainingModule (the model under "model.", the loss's buffers beside it)
-    if any(k.startswith("model.") for k in state) and not any(k.startswith(("visual.", "text.", "transformer.")) for k in state):
-        state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
-    return state
-
-
-def load_model(kind: str, where: Any, spec: EvalModelSpec):
-    """(model in eval mode, preprocess, tokenizer)."""
-    import open_clip
-
-    from components.method import models  # registers our tiny configs (and their timm towers)
-
-    if kind == "export":
-        check_export(Path(where))  # checksums and a readable safetensors file, else the file is named
-        try:
-            refuse_export_code(Path(where), f"model {spec.name!r}")
-        except RemoteCodeRefused as err:
-            raise EvaluateError(str(err)) from None
-        model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{where}")
-        tokenizer = open_clip.get_tokenizer(f"local-dir:{where}")
-    elif kind == "checkpoint":
-        model, _, preprocess, tokenizer = models.create_model(spec.arch)
-        state = load_state_dict(Path(where))
-        for key in ("logit_scale", "logit_bias"):  # 0-dim in open_clip's own checkpoints, 1-dim in ours
-            if key in state and hasattr(model, key):
-                state[key] = state[key].reshape(getattr(model, key).shape)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing:
-            raise EvaluateError(f"model {spec.name!r}: {where} lacks {len(missing)} weights of {spec.arch} (first: {missing[:3]})")
-        if unexpected:
-            print(f"evaluate: {spec.name}: ignored {len(unexpected)} unexpected keys of {where} (first: {unexpected[:3]})", file=sys.stderr)
-    else:
-        arch, tag = where
-        try:
-            model, _, preprocess, tokenizer = models.create_model(arch, pretrained=tag)
-        except Exception as err:  # the hub is unreachable offline; say so plainly
-            raise EvaluateError(f"model {spec.name!r}: open_clip cannot load {arch} / {tag}: {err}") from None
-    return model.eval(), preprocess, tokenizer
-
-
-# --------------------------------------------------------------------------------------------------
-# encoding
-# --------------------------------------------------------------------------------------------------
-
-
-class _Images(torch.utils.data.Dataset):
-    def __init__(self, refs: list[formats.ImageRef], preprocess):
-        self.refs, self.preprocess = refs, preprocess
-
-    def __len__(self) -> int:
-        return len(self.refs)
-
-    def __getitem__(self, k: int) -> torch.Tensor:
-        ref = self.refs[k]
-        try:
-            image = Image.open(ref.path).convert("RGB")
-        except Exception as err:
-            raise EvaluateError(f"{ref.path}: cannot read the image ({err})") from None
-        if ref.box is not None:
-            x, y, w, h = ref.box
-            image = image.crop((x, y, x + w, y + h))
-        return self.preprocess(image)
-
-
-@torch.no_grad()
-def encode_images(model, preprocess, refs: list[formats.ImageRef], batch: int, workers: int, desc: str, progress: bool = True) -> torch.Tensor:
-    """L2-normalised embeddings [len(refs), D], in order."""
-    loader = torch.utils.data.DataLoader(_Images(refs, preprocess), batch_size=batch, num_workers=workers)
-    out = [model.encode_image(x, normalize=True).float()
-           for x in tqdm(loader, desc=desc, unit="batch", file=sys.stderr, leave=False, disable=not progress)]
-    return torch.cat(out)
-
-
-@torch.no_grad()
-def encode_texts(model, tokenizer, texts: list[str], batch: int, desc: str, progress: bool = True) -> torch.Tensor:
-    out = [model.encode_text(tokenizer(texts[k:k + batch]), normalize=True).float()
-           for k in tqdm(range(0, len(texts), batch), desc=desc, unit="batch", file=sys.stderr, leave=False, disable=not progress)]
-    return torch.cat(out)
-
-
-def build_classifiers(model, tokenizer, tasks: list[formats.Task]) -> dict[str, torch.Tensor]:
-    """This model's class embeddings [classes, D] per zero-shot task name (open_clip's classifier:
-    templates averaged per class). Returned, never stored on the shared tasks: see formats.Task."""
-    import open_clip
-
-    return {
-        task.name: open_clip.build_zero_shot_classifier(
-            model, tokenizer, classnames=task.needs_classifier["classnames"], templates=task.needs_classifier["templates"],
-            num_classes_per_batch=16, device="cpu",
-        ).float().T
-        for task in tasks if task.needs_classifier is not None
-    }
-
-
-def score_task(task: formats.Task, images: torch.Tensor, texts: torch.Tensor) -> pa.Table:
-    """The task's per-item table for one model: every item's scores and outcomes (:mod:`components.suite.items`)."""
-    return items.item_table(task.name, task.headline, task.layout, task.score_items(images, texts))
-
-
-def results_of(tables: dict[str, pa.Table]) -> dict[str, dict[str, float]]:
-    """Each task's figures, aggregated from its per-item table: all items, then the held-out and the seen apart."""
-    return {name: items.results_of(table) for name, table in tables.items()}
-
-
-def evaluate_shared(model, preprocess, tokenizer, tasks: list[formats.Task], params: EvaluateParams, label: str = "",
-                    progress: bool = True) -> dict[str, pa.Table]:
-    """Every task's per-item table, with each distinct image and text encoded once for all of them."""
-    image_index: dict[formats.ImageRef, int] = {}
-    text_index: dict[str, int] = {}
-    for task in tasks:
-        for ref in task.images:
-            image_index.setdefault(ref, len(image_index))
-        for text in task.texts:
-            text_index.setdefault(text, len(text_index))
-    images = encode_images(model, preprocess, list(image_index), params.image_batch, params.workers, f"{label} images", progress)
-    texts = (encode_texts(model, tokenizer, list(text_index), params.text_batch, f"{label} texts", progress) if text_index
-             else torch.zeros(0, images.shape[1]))
-    classifiers = build_classifiers(model, tokenizer, tasks)
-    results = {}
-    for task in tasks:
-        I = images[torch.tensor([image_index[r] for r in task.images], dtype=torch.long)]
-        if task.needs_classifier is not None:
-            T = classifiers[task.name]
-        else:
-            T = texts[torch.tensor([text_index[t] for t in task.texts], dtype=torch.long)] if task.texts else texts
-        results[task.name] = score_task(task, I, T)
-    return results
 
 
 # --------------------------------------------------------------------------------------------------

@@ -161,7 +161,7 @@ class Run:
     plot_points: list[dict] = field(default_factory=list)
     throughput: float = 0.0
     losses: dict[str, float] = field(default_factory=dict)
-    curves: Any = None  # components.curves.TrackingSuite when params.curves.enabled (rank 0)
+    curves: Any = None  # components.study.tracking.TrackingSuite when params.curves.enabled (rank 0)
     started: float = 0.0  # wall clock when tracking began (the curves' share of the run)
 
 
@@ -266,7 +266,7 @@ def setup(params: TrainParams, stage: str) -> Run:
         plot_points = [p for p in json.loads(history.read_text()) if p["step"] <= start_step]
     curves, started = None, time.time()
     if main and params.curves.enabled:
-        from components.curves import TrackingSuite
+        from components.study.tracking import TrackingSuite
 
         curves = TrackingSuite(params, transform_eval)
         if start_step == 0:  # the curve starts where the model starts

@@ -14,7 +14,9 @@ from components.shared.params import PARAMS_DIR, STAGES, MethodParams, load_para
 from components.shared.stage_code import stage_code, stage_modules
 
 STAGE_MODULES = {p.stem for p in (REPO / "components").glob("*.py") if p.stem != "__init__"}
-LIBRARIES = ("method", "data", "suite", "shared")
+LIBRARIES = ("method", "data", "suite", "shared", "study")
+# the entry points that orchestrate stages (each runs several of them), not stages themselves
+ORCHESTRATORS = {"compare"}
 
 
 def _stage_of(path) -> str:
@@ -98,3 +100,13 @@ def test_no_module_is_much_longer_than_400_lines():
     long = {p.relative_to(REPO).as_posix(): n for p in (REPO / "components").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 450}
     assert not long, f"split these (docs/architecture.md keeps modules under ~400 lines): {long}"
+
+
+def test_no_stage_imports_another_stage():
+    """A stage is one module and one entry point; what two stages share sits in a library (the suite's builder, its
+    scoring and model loading, the learning curves), so a stage's code and its DVC deps are its own. Only the
+    comparison, which runs stages, imports them."""
+    for stage in sorted(STAGE_MODULES - ORCHESTRATORS):
+        imported = [m for m in stage_modules(f"components.{stage}") if m.count(".") == 1 and m.split(".")[1] in STAGE_MODULES]
+        others = [m for m in imported if m != f"components.{stage}"]
+        assert not others, f"the stage components.{stage} imports the stage module(s) {others}"

@@ -10,9 +10,9 @@ import torch
 import yaml
 from conftest import tiny_captions
 
-from components import binding_probe as bp
 from components.method.models import create_model
 from components.shared import checkpoints
+from components.study import binding_probe as bp
 
 
 def world_file(tmp_path, test_images=400):

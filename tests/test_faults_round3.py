@@ -357,7 +357,7 @@ def test_the_served_api_answers_only_its_own_origin(tmp_path):
 
 
 def test_the_binding_probe_refuses_bad_arguments_in_one_line(tmp_path, capsys):
-    from components import binding_probe
+    from components.study import binding_probe
 
     captions = tiny_captions(tmp_path, shapesworld={"test_images": 3})
     (tmp_path / "captions.yaml").write_text(json.dumps(captions.model_dump(mode="json")))

@@ -233,7 +233,7 @@ class OptimParams(Strict):
 
 
 class CurveParams(Strict):
-    """Learning curves: a small slice of ShapesWorld's suite scored at step 0 and at every checkpoint (components/curves.py)."""
+    """Learning curves: a small slice of ShapesWorld's suite scored at step 0 and at every checkpoint (components/study/tracking.py)."""
 
     enabled: bool = Field(False, description="Score the tracking suite at step 0 and at every checkpoint (MLflow step metrics track/<group>).")
     images: int = Field(200, ge=10, description="Test images of the tracking suite: the benchmarks stage's suite of the world's first N.")

@@ -12,7 +12,7 @@ from components.suite import formats, items
 # The tests whose negatives differ from the caption only in which attribute goes with which object: what a bag of
 # words cannot pass (C2LIP's target). Their mean is the ``binding`` group, beside the benchmark groups.
 BINDING_TASKS = ("sugarcrepe/swap_att", "sugarcrepe_pp/swap_att", "winoground")
-# the summary groups a learning curve follows (components.curves), in the order charts show them
+# the summary groups a learning curve follows (components.study.tracking), in the order charts show them
 TRACKED_GROUPS = ("binding", "compositional", "zero_shot", "zero_shot_held_out", "retrieval")
 # and one test on its own: SugarCrepe's swap_att, the headline of "samples to reach swap_att 0.6"
 TRACKED_TASK = "sugarcrepe/swap_att"

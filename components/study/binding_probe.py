@@ -1,6 +1,6 @@
 """Where binding is lost: probes of a model's frozen towers on ShapesWorld.
 
-    python -m components.binding_probe --model base=models/base/export --model tuned=models/train/export \\
+    python -m components.study.binding_probe --model base=models/base/export --model tuned=models/train/export \\
         [--out reports/binding-probe] [--scenes 6000] [--shape circle]
 
 Image side, "which colour is the <shape>?": a linear probe (logistic regression) on frozen image features of the
@@ -92,7 +92,7 @@ def control_probe(features: np.ndarray, present: np.ndarray, train: np.ndarray) 
 
 def text_side(model, tokenizer, suite_file: Path) -> dict[str, float]:
     """Cosines of caption with swap and with paraphrase on SugarCrepe++ swap_att items, and the TOT share."""
-    from components.evaluate import encode_texts
+    from components.suite.scoring import encode_texts
 
     items = json.loads(suite_file.read_text())
     c, p, s = (encode_texts(model, tokenizer, [item[k] for item in items], 256, k, progress=False)
@@ -106,8 +106,8 @@ MIN_SCENES = 10
 
 
 def run(models: dict[str, str], out: Path, scenes: int, shape: str, seed: int, captions_params: Path, suite_file: Path) -> dict:
-    from components import evaluate as ev
     from components.shared.params import EvalModelSpec
+    from components.suite.model_loading import load_model, resolve_model
 
     if scenes < 1:
         raise ValueError(f"--scenes {scenes}: the probe needs a positive number of scenes")
@@ -125,7 +125,7 @@ def run(models: dict[str, str], out: Path, scenes: int, shape: str, seed: int, c
               "majority_accuracy": round(float(np.bincount(labels[test]).max() / test.sum()), 4), "models": {}}
     for name, uri in models.items():
         spec = EvalModelSpec(name=name, uri=uri) if Path(uri).is_dir() else EvalModelSpec(name=name, uri=uri, arch="c2lip-tiny-rn")
-        model, preprocess, tokenizer = ev.load_model(*ev.resolve_model(spec, out / "downloads"), spec)
+        model, preprocess, tokenizer = load_model(*resolve_model(spec, out / "downloads"), spec)
         pooled, tokens = image_features(model, preprocess, images)
         figures = {"which_colour_pooled": fit_probe(pooled, labels, train), "which_colour_tokens": fit_probe(tokens, labels, train),
                    "colour_present_pooled": control_probe(pooled, present, train), **text_side(model, tokenizer, suite_file)}

@@ -41,7 +41,7 @@ def suite_params(root: Path) -> EvaluateParams:
 
 def build_tracking_suite(params: TrainParams) -> Path:
     """The run's tracking suite (built once; rebuilt when the world or its size changed)."""
-    from components import benchmarks
+    from components.suite.shapesworld_suite import build_suite
 
     bench = BenchmarksParams(captions_params=params.curves.captions_params, images=params.curves.images, seed=params.curves.seed)
     captions = load_params("captions", bench.captions_params)
@@ -54,7 +54,7 @@ def build_tracking_suite(params: TrainParams) -> Path:
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    benchmarks.build_suite(bench, captions, tmp)
+    build_suite(bench, captions, tmp)
     (tmp / "_suite.json").write_text(json.dumps({"fingerprint": stamp}))
     shutil.rmtree(root, ignore_errors=True)
     tmp.rename(root)
@@ -65,29 +65,29 @@ class TrackingSuite:
     """The tracking suite, loaded once; called with the model in training, returns ``track/<group>`` figures."""
 
     def __init__(self, params: TrainParams, preprocess):
-        from components import evaluate
         from components.suite.applicable import applicable_suite
+        from components.suite.loading import check_images, load_suite
 
         self.params = suite_params(build_tracking_suite(params))
         applicable_suite(self.params)  # a small world may have no items for some benchmark: it is left out
-        self.tasks = evaluate.load_suite(self.params)
-        evaluate.check_images(self.tasks)
+        self.tasks = load_suite(self.params)
+        check_images(self.tasks)
         self.preprocess = preprocess
         self.seconds = 0.0  # time spent scoring, for the cost the run reports
 
     @torch.no_grad()
     def __call__(self, model, tokenizer) -> dict[str, float]:
-        from components import evaluate
         from components.suite.report import tracked_figures
+        from components.suite.scoring import evaluate_shared, results_of
 
         started = time.perf_counter()
         was_training = model.training
         model.eval()
         try:
-            tables = evaluate.evaluate_shared(model, self.preprocess, tokenizer, self.tasks, self.params, progress=False)
+            tables = evaluate_shared(model, self.preprocess, tokenizer, self.tasks, self.params, progress=False)
         finally:
             model.train(was_training)
-        figures = tracked_figures(self.tasks, evaluate.results_of(tables))
+        figures = tracked_figures(self.tasks, results_of(tables))
         self.seconds += time.perf_counter() - started
         return {f"track/{name}": round(value, 5) for name, value in figures.items()}
 
