@@ -43,3 +43,19 @@ def test_a_missing_arm_is_named_and_the_cli_writes_nothing(tmp_path, capsys):
     assert "no arm 'share0.25' (arms: share0)" in capsys.readouterr().err and not out.exists()
     assert cal.main(["--base", str(sweep), "--base-arm", "share0", "--arms", str(sweep), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["arms"]["share0"]["swap_att"]["delta"] == 0.0
+
+
+def test_the_base_may_be_the_evaluate_stages_flat_metrics_of_the_base_itself(tmp_path):
+    flat = {"base-calibrated/sugarcrepe/swap_att/acc": 0.6, "base-calibrated/sugarcrepe_pp/swap_att/itt": 0.4,
+            "base-calibrated/sugarcrepe_pp/swap_obj/itt": 0.5, "base-calibrated/zero_shot/top1": 0.9,
+            "base-calibrated/summary/binding": 0.55, "other/zero_shot/top1": 0.1}
+    (tmp_path / "metrics.json").write_text(json.dumps(flat))
+    (tmp_path / "compare.json").write_text(json.dumps(_report({"negclip": _figures([0.7, 0.7], [0.5, 0.5], [0.6, 0.6], [0.8, 0.8])})))
+    out = tmp_path / "calibration.json"
+    assert cal.main(["--base", str(tmp_path / "metrics.json"), "--base-arm", "base-calibrated", "--arms", str(tmp_path / "compare.json"),
+                     "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    assert table["base"] == {"swap_att": 0.6, "sc_pp_swap": 0.45, "zero_shot": 0.9}
+    assert table["arms"]["negclip"]["zero_shot"]["delta"] == pytest.approx(-0.1)
+    assert cal.main(["--base", str(tmp_path / "metrics.json"), "--base-arm", "base", "--arms", str(tmp_path / "compare.json"),
+                     "--out", str(out)]) == 2  # a model the metrics do not hold is named, as a missing arm is

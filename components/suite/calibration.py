@@ -2,11 +2,12 @@
 
 The published rows are anchors of direction and size (the C2LIP paper's Table 1 for SigLIP B/16 and its fine-tune;
 NegCLIP's figures as arXiv 2412.15396 tabulates them, from CLIP), never targets to fit. Ours come from comparison
-reports (``components.compare``'s compare.json): the base's figure from one arm of a base sweep, each fine-tune arm's
-change against that base as the mean over seeds with a 95% interval over seeds.
+reports (``components.compare``'s compare.json): the base's figure from one arm of a base sweep, or from the evaluate
+stage's metrics.json of the base itself (``--base-arm``: its model name); each fine-tune arm's change against that base
+as the mean over seeds with a 95% interval over seeds.
 
-    python -m components.suite.calibration --base reports/calibrate-base/compare.json --base-arm share0.5 \\
-        --arms reports/control-calibrated/compare.json --out reports/calibration.json
+    python -m components.suite.calibration --base reports/base-calibrated/metrics.json --base-arm base-calibrated \\
+        --arms reports/paper-calibrated/compare.json --out reports/calibration.json
 """
 
 from __future__ import annotations
@@ -66,9 +67,23 @@ def family_values(metrics: dict[str, Any], arm: str, where: Path) -> dict[str, l
     return out
 
 
+def as_comparison(report: dict[str, Any]) -> dict[str, Any]:
+    """A comparison's report as it is; the evaluate stage's flat metrics (``<model>/<benchmark>/<metric>``: value) as a
+    comparison of one seed per model, so either can be the base."""
+    if "metrics" in report and "arms" in report:
+        return report
+    metrics: dict[str, dict[str, Any]] = {}
+    for key, value in report.items():
+        model, sep, rest = key.partition("/")
+        if sep and isinstance(value, (int, float)):
+            metrics.setdefault(model, {})[rest] = {"values": [float(value)]}
+    return {"arms": list(metrics), "metrics": metrics}
+
+
 def calibration(base_report: dict[str, Any], base_arm: str, arm_reports: list[dict[str, Any]], where: Path) -> dict[str, Any]:
     """``{"base": {family: figure}, "published": {...}, "arms": {arm: {family: {"delta", "low", "high", "seeds",
     "sign_agrees"}}}}``: each arm's change against the base (mean over seeds, 95% interval over seeds)."""
+    base_report = as_comparison(base_report)
     base = {family: sum(v) / len(v) for family, v in family_values(base_report["metrics"], base_arm, where).items()}
     arms: dict[str, Any] = {}
     for report in arm_reports:
@@ -92,8 +107,8 @@ def calibration(base_report: dict[str, Any], base_arm: str, arm_reports: list[di
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m components.suite.calibration", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", type=Path, required=True, help="compare.json of the base sweep")
-    parser.add_argument("--base-arm", required=True, help="the sweep's arm that is the base")
+    parser.add_argument("--base", type=Path, required=True, help="compare.json of the base sweep, or the evaluate stage's metrics.json of the base")
+    parser.add_argument("--base-arm", required=True, help="the sweep's arm (or the evaluated model's name) that is the base")
     parser.add_argument("--arms", type=Path, nargs="+", required=True, help="compare.json of fine-tunes from that base")
     parser.add_argument("--out", type=Path, default=Path("reports/calibration.json"))
     args = parser.parse_args(argv)
