@@ -15,6 +15,7 @@ from components.shared.params import BenchmarksParams, ShapesWorldParams
 from components.suite import aro, long_captions
 from components.suite import formats as bd
 from components.suite import retrieval as retrieval_reader
+from components.suite import shapesworld_suite as builder
 
 
 def obj(color, shape, size, row, col):
@@ -64,7 +65,7 @@ def test_on_random_scenes_paraphrases_keep_and_negatives_change_the_meaning(seed
     held = sw.held_out_pairs(world, seed)
     metas = [sw.scene_metadata(sw.sample_scene(world, seed, "test", i, held), held) for i in range(150)]
     rng = np.random.default_rng(seed)
-    kinds = stage.SUGARCREPE_SUBSETS
+    kinds = builder.SUGARCREPE_SUBSETS
     made = dict.fromkeys(kinds, 0)
     for meta in metas:
         desc = rules.describe_scene(meta, rng)
@@ -99,10 +100,10 @@ def test_benchmarks_stage_writes_every_benchmark_readable_by_the_evaluate_reader
     out = params.output_dir
     assert stats["images"] == 40 and not (tmp_path / "suite.tmp").exists()
     images = out / "images"
-    tasks = [bd.sugarcrepe(out / "sugar_crepe" / f"{k}.json", images, k) for k in stage.SUGARCREPE_SUBSETS]
-    tasks += [bd.sugarcrepe_pp(out / "sugar_crepe_pp" / f"{k}.json", images, k) for k in stage.SUGARCREPE_PP_SUBSETS]
+    tasks = [bd.sugarcrepe(out / "sugar_crepe" / f"{k}.json", images, k) for k in builder.SUGARCREPE_SUBSETS]
+    tasks += [bd.sugarcrepe_pp(out / "sugar_crepe_pp" / f"{k}.json", images, k) for k in builder.SUGARCREPE_PP_SUBSETS]
     tasks += [bd.hard_positives(out / "hard_positives" / "data" / f, out / "hard_positives" / "swapped_data" / f, images, k)
-              for k, f in stage.HARD_POSITIVE_FILES.items()]
+              for k, f in builder.HARD_POSITIVE_FILES.items()]
     tasks += [aro.aro_vg(out / "aro" / "visual_genome_relation.json", images, "rel", "relation"),
               aro.aro_vg(out / "aro" / "visual_genome_attribution.json", images, "att", "attribution"),
               bd.winoground(out / "winoground" / "examples.jsonl", images, "wino"),
@@ -156,7 +157,7 @@ def test_winoground_pairs_are_true_of_their_own_image_only(tmp_path):
     for p in pairs:
         index = int(p["id"].split("_")[0])
         meta0 = sw.scene_metadata(sw.sample_scene(captions.shapesworld, captions.seed, "test", index, held), held)
-        assert p["image_0"] == stage.image_name(index)
+        assert p["image_0"] == builder.image_name(index)
         image_0, image_1 = (params.output_dir / "images" / p["image_0"]).read_bytes(), (params.output_dir / "images" / p["image_1"]).read_bytes()
         assert image_0 != image_1
         # caption 0 describes image 0, caption 1 does not; both use the same words in another order
