@@ -29,20 +29,20 @@ import torch  # noqa: E402
 
 from components import evaluate as ev  # noqa: E402
 from components.shared.params import EvalModelSpec, load_params  # noqa: E402
-from components.suite import gallery, items, report  # noqa: E402
+from components.suite import gallery, items, report, scoring  # noqa: E402
 
 
 def evaluate_per_benchmark(model, preprocess, tokenizer, tasks, params) -> dict[str, dict[str, float]]:
     """The baseline: every benchmark encodes its own images and texts (the stage shares them)."""
-    classifiers = ev.build_classifiers(model, tokenizer, tasks)
+    classifiers = scoring.build_classifiers(model, tokenizer, tasks)
     results = {}
     for task in tasks:
-        images = ev.encode_images(model, preprocess, task.images, params.image_batch, params.workers, task.name)
+        images = scoring.encode_images(model, preprocess, task.images, params.image_batch, params.workers, task.name)
         if task.needs_classifier is not None:
             texts = classifiers[task.name]
         else:
             texts = ev.encode_texts(model, tokenizer, task.texts, params.text_batch, task.name) if task.texts else torch.zeros(0, images.shape[1])
-        results[task.name] = ev.score_task(task, images, texts)
+        results[task.name] = scoring.score_task(task, images, texts)
     return results
 
 
@@ -84,9 +84,9 @@ def encode_and_score(model, preprocess, tokenizer, tasks, params):
             image_index.setdefault(ref, len(image_index))
         for text in task.texts:
             text_index.setdefault(text, len(text_index))
-    images = ev.encode_images(model, preprocess, list(image_index), params.image_batch, params.workers, "images", False)
+    images = scoring.encode_images(model, preprocess, list(image_index), params.image_batch, params.workers, "images", False)
     texts = ev.encode_texts(model, tokenizer, list(text_index), params.text_batch, "texts", False)
-    classifiers = ev.build_classifiers(model, tokenizer, tasks)
+    classifiers = scoring.build_classifiers(model, tokenizer, tasks)
     scored = {}
     for task in tasks:
         image_emb = images[torch.tensor([image_index[r] for r in task.images], dtype=torch.long)]

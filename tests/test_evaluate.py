@@ -19,7 +19,7 @@ from PIL import Image
 
 from components import evaluate as ev
 from components.shared.params import EvaluateParams, ParamsError, validate_params
-from components.suite import aro
+from components.suite import aro, scoring
 from components.suite import formats as bd
 from components.suite import retrieval as retrieval_reader
 
@@ -99,14 +99,14 @@ def run_tasks(tasks, text_vecs):
     model = StubClip(text_vecs, tok)
     params = EvaluateParams()
     shared = ev.evaluate_shared(model, stub_preprocess, tok, tasks, params)
-    classifiers = ev.build_classifiers(model, tok, tasks)
+    classifiers = scoring.build_classifiers(model, tok, tasks)
     for task in tasks:  # sharing the encodings never changes a result: each task encoding its own agrees
-        images = ev.encode_images(model, stub_preprocess, task.images, params.image_batch, params.workers, task.name)
+        images = scoring.encode_images(model, stub_preprocess, task.images, params.image_batch, params.workers, task.name)
         if task.needs_classifier is not None:
             texts = classifiers[task.name]
         else:
             texts = ev.encode_texts(model, tok, task.texts, params.text_batch, task.name) if task.texts else torch.zeros(0, images.shape[1])
-        assert same_table(ev.score_task(task, images, texts), shared[task.name]), task.name
+        assert same_table(scoring.score_task(task, images, texts), shared[task.name]), task.name
     return ev.results_of(shared)  # the figures, aggregated from the per-item tables as the stage does
 
 

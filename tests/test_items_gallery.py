@@ -14,7 +14,7 @@ from conftest import HANG_S
 from PIL import Image
 
 from components import evaluate as ev
-from components.suite import formats, gallery, items, report
+from components.suite import formats, gallery, items, report, scoring
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -38,7 +38,7 @@ def model_tables(task: formats.Task, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     image_emb = torch.nn.functional.normalize(torch.randn(len(task.images), 8, generator=g), dim=-1)
     text_emb = torch.nn.functional.normalize(torch.randn(len(task.texts), 8, generator=g), dim=-1)
-    return {task.name: ev.score_task(task, image_emb, text_emb)}
+    return {task.name: scoring.score_task(task, image_emb, text_emb)}
 
 
 # --------------------------------------------------------------------------------------------------
