@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import typing
 
 import pytest
 import yaml
@@ -141,3 +142,27 @@ def test_flatten_params_gives_dotted_string_keys():
     assert flat["shapesworld.colors.red"] == "[220, 30, 30]"
     assert flat["source"] == "shapesworld"
     assert all(isinstance(v, str) for v in flat.values())
+
+
+def test_no_param_description_holds_an_html_like_placeholder():
+    """Prefect's run form renders descriptions as HTML: a '<name>' placeholder vanishes there ('models:/@')."""
+    import re
+
+    from pydantic import BaseModel
+
+    from components.shared.params import STAGES
+
+    seen, bad, todo = set(), [], list(STAGES.values())
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            if field.description and re.search(r"<[A-Za-z_][\w ]*>", field.description):
+                bad.append(f"{model.__name__}.{name}: {field.description}")
+            for arg in typing.get_args(field.annotation) or (field.annotation,):
+                for inner in typing.get_args(arg) or (arg,):
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        todo.append(inner)
+    assert not bad, bad

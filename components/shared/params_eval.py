@@ -34,7 +34,7 @@ class EvalModelSpec(Strict):
     uri: str | None = Field(
         None,
         description="A folder with open_clip_config.json (our exports), a checkpoint file (needs arch), or "
-        "'models:/<name>@<alias>' / 'models:/<name>/<version>' from the MLflow registry.",
+        "'models:/NAME@ALIAS' / 'models:/NAME/VERSION' (e.g. models:/c2lip@champion) from the MLflow registry.",
     )
     arch: str | None = Field(None, description="open_clip architecture (with pretrained, or for a checkpoint file).")
     pretrained: str | None = Field(None, description="open_clip pretrained tag, e.g. 'laion2b_s34b_b79k' or 'webli'.")
@@ -63,13 +63,13 @@ class BenchmarkSource(Strict):
 class SugarCrepeParams(BenchmarkSource):
     subsets: list[Literal["add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]] = Field(
         default_factory=lambda: ["add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"],
-        min_length=1, description="Subsets read, each from <data_root>/<subset>.json.")
+        min_length=1, description="Subsets read, each from {data_root}/{subset}.json.")
 
 
 class SugarCrepePPParams(BenchmarkSource):
     subsets: list[Literal["replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]] = Field(
         default_factory=lambda: ["replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"],
-        min_length=1, description="Subsets read, each from <data_root>/<subset>.json.")
+        min_length=1, description="Subsets read, each from {data_root}/{subset}.json.")
 
 
 # The hard-positives release (amitakamath/hard_positives): the same file name under data/ (c, c_n) and
@@ -150,7 +150,7 @@ class ZeroShotParams(BenchmarkSource):
         description="What the prompts call each class: 'auto' ('imagenet' for 1,000 WordNet-id folders, else 'folders'; "
         "the log says which), 'folders' (the folder name, '_' as a space), 'imagenet' "
         "(open_clip's ImageNet class names for the 1000 WordNet-id folders), or a file under data_root of lines "
-        "'<folder> <name>' (ImageNet's LOC_synset_mapping.txt works).")
+        "'FOLDER NAME' (ImageNet's LOC_synset_mapping.txt works).")
     held_out_file: str | None = Field("held_out_classes.txt", description="Class folders reported apart (ShapesWorld's unseen pairs; absent: none).")
 
     @model_validator(mode="after")

@@ -59,7 +59,7 @@ class RecaptionParams(Strict):
         "shapesworld", description="shapesworld: the scene's dense description (the oracle a perfect captioner would write; "
         "ShapesWorld shards only); transformers: a Hugging Face image-to-text model.")
     transformers: TransformersCaptionerParams | None = Field(None, description="The model, with captioner: transformers.")
-    output_dir: Path = Field(Path("data/recaptions"), description="<split>/<shard>.parquet (key, field, status) and manifest.parquet.")
+    output_dir: Path = Field(Path("data/recaptions"), description="{split}/{shard}.parquet (key, field, status) and manifest.parquet.")
     stats_path: Path = Field(Path("metrics/recaption.json"), description="Stats JSON (DVC metrics).")
     contact_sheet: Path | None = Field(Path("docs/recaption_contact_sheet.png"), description="Images with their old and new captions (None: none).")
     contact_sheet_images: int = Field(12, ge=1, le=64, description="Images on the contact sheet.")

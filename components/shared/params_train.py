@@ -235,7 +235,7 @@ class OptimParams(Strict):
 class CurveParams(Strict):
     """Learning curves: a small slice of ShapesWorld's suite scored at step 0 and at every checkpoint (components/study/tracking.py)."""
 
-    enabled: bool = Field(False, description="Score the tracking suite at step 0 and at every checkpoint (MLflow step metrics track/<group>).")
+    enabled: bool = Field(False, description="Score the tracking suite at step 0 and at every checkpoint (MLflow step metrics track/{group}).")
     images: int = Field(200, ge=10, description="Test images of the tracking suite: the benchmarks stage's suite of the world's first N.")
     seed: int = Field(0, ge=0, description="Seed of the tracking suite's item choices.")
     captions_params: Path = Field(Path("params/captions.yaml"), description="The captions params whose world the suite comes from.")
