@@ -67,7 +67,7 @@ _OVERRIDABLE = ["captions", "recaption", "concepts", "train", "benchmarks", "eva
 RunOverrides = create_model(
     "RunOverrides",
     __config__=ConfigDict(extra="forbid"),
-    __doc__="Params to change for one run, per stage (unset: the workspace's params/<stage>.yaml).",
+    __doc__="Params to change for one run, per stage (unset: the workspace's params/{stage}.yaml).",
     **{stage: (partial_model(PARAM_MODELS[stage]) | None, Field(None, description=f"Overrides of params/{stage}.yaml."))
        for stage in _OVERRIDABLE},
 )
