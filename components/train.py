@@ -72,7 +72,7 @@ from components.shared.processes import stage_process_setup
 from components.shared.reports import plot_losses
 from components.shared.safe_load import UnsafeCheckpointError, guard_deepspeed_loads, load_torch_file
 from components.shared.stage_code import stage_code
-from components.shared.tracking import use_experiment
+from components.shared.tracking import use_experiment, where_to_watch
 from components.suite.zero_shot_probe import ShapesWorldZeroShot
 
 log = logging.getLogger("c2lip.train")
@@ -137,6 +137,7 @@ def start_mlflow(params: TrainParams, stage: str):
     run = mlflow.start_run(run_name=f"{stage}-{params.preset}-{params.method.name}", log_system_metrics=True)
     mlflow.log_params(flatten_params(params))
     mlflow.set_tags({"stage": stage, "method": params.method.name, "preset": params.preset})
+    print(f"{stage}: {where_to_watch(mlflow.get_tracking_uri(), run.info.experiment_id, run.info.run_id)}", file=sys.stderr, flush=True)
     return mlflow, run
 
 

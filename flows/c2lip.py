@@ -38,6 +38,7 @@ from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_para
 from components.shared.params import STAGES as PARAM_MODELS
 from components.shared.processes import die_with_parent, mark_run
 from components.shared.redact import redact
+from flows.progress import ProgressLog
 from flows.workspace import confine_paths, output_dir_inside, resolve_overrides, run_with_overrides, workspace_lock
 
 PROGRESS = re.compile(r"\d+%\|")
@@ -110,11 +111,13 @@ def run_command(args: list[str], cwd: Path = ROOT) -> str:
     proc = subprocess.Popen(args, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             preexec_fn=_dvc_dies_with_the_flow)
     lines = []
+    progress = ProgressLog(logger)  # a bar: a line per tenth and a progress artifact on the run's page
     for line in proc.stdout:
         line = line.rstrip()
         lines.append(line)
-        # tqdm redraws its bar with \r, which text mode turns into new lines: log only a finished bar
-        if line and (not PROGRESS.search(line) or "100%|" in line):
+        if not line or progress.feed(redact(line)):
+            continue
+        if not PROGRESS.search(line) or "100%|" in line:  # a bar of another format: its end only
             logger.info(redact(line))
     if proc.wait():
         tail = redact("\n".join(lines[-30:]))

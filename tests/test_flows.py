@@ -128,3 +128,50 @@ def test_gpu_work_pool_deployments_name_real_entrypoints_and_valid_parameters():
     assert {r.train.steps for r in runs} == {3000} and {r.arm for r in runs} >= arms
     with pytest.raises(Exception, match="seeds"):
         c2lip_flows.compare_methods.validate_parameters({"overrides": {"seeds": "three"}})
+
+
+class _Lines:
+    def __init__(self):
+        self.lines = []
+
+    def info(self, fmt, *args):
+        self.lines.append(fmt % args)
+
+    warning = info
+
+
+def test_a_stages_bars_become_a_log_line_per_tenth_with_count_rate_and_eta():
+    from flows.progress import ProgressLog
+
+    log = _Lines()
+    progress = ProgressLog(log)
+    bar = "train c2lip: {pct:3d}%|##   | {n}/300 [{el}<{eta}, 1.50it/s, loss={loss}]"
+    for n in range(0, 301):
+        for loss in ("2.000", "1.900"):  # tqdm redraws a step when its postfix changes: the same tenth, not a new line
+            assert progress.feed(bar.format(pct=n * 100 // 300, n=n, el=f"00:{n // 10:02d}", eta="03:20", loss=loss))
+    assert progress.feed("train c2lip: 100%|#####| 300/300 [03:20<00:00, 1.50it/s, loss=1.500]")  # the end, redrawn
+    assert not progress.feed("evaluate: wrote reports/benchmarks.md")
+    assert len(log.lines) == 11, log.lines  # 0%, 10%, ..., 100%: once each
+    assert log.lines[3] == "train c2lip: 90/300 (30%), elapsed 00:09, ETA 03:20, 1.50it/s, loss=2.000"
+    assert log.lines[-1] == "train c2lip: 300/300 (100%), elapsed 00:30, 1.50it/s, loss=2.000"  # no ETA once done
+    assert not progress.artifacts  # outside a flow run: no artifact, no error
+
+
+def test_two_bars_are_followed_apart_and_a_bar_without_figures_is_still_a_bar():
+    from flows.progress import ProgressLog
+
+    log = _Lines()
+    progress = ProgressLog(log, artifacts=False)
+    assert progress.feed("captions (shapesworld):  50%|#####     | 11/22 [00:10<00:10,  1.10shard/s]")
+    assert progress.feed("concepts:  50%|#####     | 10000/20000 [00:27<00:27, 367.67caption/s]")
+    assert progress.feed("captions (shapesworld):  54%|#####     | 12/22 [00:11<00:09,  1.10shard/s]")
+    assert log.lines == ["captions (shapesworld): 11/22 (50%), elapsed 00:10, ETA 00:10, 1.10shard/s",
+                         "concepts: 10000/20000 (50%), elapsed 00:27, ETA 00:27, 367.67caption/s"]
+
+
+def test_the_training_log_says_where_to_watch_its_mlflow_run():
+    from components.shared.tracking import where_to_watch
+
+    assert where_to_watch("http://mlflow.team:5000/", "3", "abc") == "MLflow run abc: http://mlflow.team:5000/#/experiments/3/runs/abc"
+    local = where_to_watch("sqlite:////w/mlflow.db", "1", "abc")
+    assert "mlflow ui --backend-store-uri sqlite:////w/mlflow.db" in local and local.endswith("http://127.0.0.1:5000/#/experiments/1/runs/abc")

@@ -26,3 +26,13 @@ def use_experiment(name: str):
         mlflow.create_experiment(name, artifact_location=artifacts)
     mlflow.set_experiment(name)
     return mlflow
+
+
+def where_to_watch(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """One line saying where a run's live step charts are: its page on a tracking server, or for the local store the
+    `mlflow ui` command that serves it (then the same page)."""
+    page = f"#/experiments/{experiment_id}/runs/{run_id}"
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"MLflow run {run_id}: {tracking_uri.rstrip('/')}/{page}"
+    return (f"MLflow run {run_id} (local store {tracking_uri}): `.venv/bin/mlflow ui --backend-store-uri {tracking_uri}` "
+            f"serves it live at http://127.0.0.1:5000/{page}")

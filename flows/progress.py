@@ -1,0 +1,62 @@
+"""A stage's tqdm bars as a flow run shows them: a log line at every tenth of each bar (count, rate, elapsed, ETA and the
+bar's own figures such as the loss), and a Prefect progress artifact per bar, so the flow-run page moves while a long
+stage runs and a slow run no longer looks like a hung one.
+
+tqdm redraws its bar with a carriage return, which the flow's text-mode pipe turns into one line per redraw: logging
+each would flood the log, logging only the finished bar left 50 minutes of silence; a tenth is the compromise a
+person reads. A bar is known by its description (the text before the colon)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# "train c2lip:  45%|████▌     | 1350/3000 [20:00<15:00,  1.50it/s, loss=1.2]" (tqdm's default format)
+BAR = re.compile(r"^(?P<desc>.*?):?\s*(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>[\d.]+\w?)/(?P<total>[\d.]+\w?)\s*"
+                 r"\[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+)(?:,\s*(?P<rest>.*))?\]\s*$")
+TENTHS = 10
+
+
+@dataclass
+class ProgressLog:
+    """Feed it a command's output lines; it says which are bars and logs a bar's line once per tenth."""
+
+    logger: Any
+    artifacts: bool = True  # a Prefect progress artifact per bar (only inside a flow or task run)
+    _tenth: dict[str, int] = field(default_factory=dict)
+    _artifact: dict[str, Any] = field(default_factory=dict)
+
+    def feed(self, line: str) -> bool:
+        """True when ``line`` is a tqdm bar (then logged at most once per tenth), False for any other line."""
+        match = BAR.match(line.strip())
+        if not match:
+            return False
+        desc = match["desc"].strip() or "progress"
+        pct = min(int(match["pct"]), 100)
+        tenth = pct * TENTHS // 100
+        if self._tenth.get(desc, -1) >= tenth:
+            return True
+        self._tenth[desc] = tenth
+        rate_and_rest = f", {match['rest'].strip()}" if match["rest"] else ""
+        eta = "" if pct == 100 else f", ETA {match['eta']}"
+        self.logger.info("%s: %s/%s (%d%%), elapsed %s%s%s", desc, match["n"], match["total"], pct, match["elapsed"], eta, rate_and_rest)
+        if self.artifacts:
+            self._show(desc, float(pct))
+        return True
+
+    def _show(self, desc: str, pct: float) -> None:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+        from prefect.context import FlowRunContext, TaskRunContext
+
+        if FlowRunContext.get() is None and TaskRunContext.get() is None:
+            self.artifacts = False  # outside a run (a test, a script): the log line is the progress
+            return
+        try:
+            if desc not in self._artifact:
+                self._artifact[desc] = create_progress_artifact(progress=pct, description=desc)
+            else:
+                update_progress_artifact(self._artifact[desc], progress=pct)
+        except Exception as err:  # noqa: BLE001 - the page's progress is a nicety: a failing API call never fails the stage
+            self.artifacts = False
+            self.logger.warning("progress artifacts are off for this command: %s", err)
