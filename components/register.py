@@ -2,12 +2,14 @@
 
     python -m components.register --params params/registry.yaml               # register → alias challenger
     python -m components.register --params params/registry.yaml --promote challenger   # or a version number
+    python -m components.register --publish hub/c2lip [--repo-id OWNER/NAME] [--license apache-2.0]   # for the Hub
 
 Registering logs the train stage's export as an MLflow pyfunc (:mod:`components.shared.pyfunc_model`; the export is
 its artifact, so ``models:/c2lip@champion`` loads as open_clip too) and tags the new version with the git
 commit, the dvc.lock hash, the method and the evaluate stage's benchmark summary. Promotion moves the
 champion alias only when the gates hold against the current champion, and otherwise says which gate
-failed and by how much.
+failed and by how much. Publishing writes the folder open_clip's ``push_to_hf_hub`` would — config, safetensors and
+the model card completed with the benchmark suite's figures against the base — and uploads it when a repo is given.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from components.shared.atomic import CorruptFileError
 from components.shared.checkpoints import EXPORT_CONFIG
-from components.shared.model_card import CARD_FILE, SUMMARY_GROUPS, card_facts, card_figures, model_card, read_front_matter
+from components.shared.hub import PublishError
+from components.shared.model_card import CARD_FILE, HUB_ID, SUMMARY_GROUPS, card_facts, card_figures, model_card, read_front_matter
 from components.shared.params import ROOT, ParamsError, RegistryParams, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
@@ -109,23 +114,34 @@ REGISTERED_MODEL_DESCRIPTION = (
     "only when the gates of params/registry.yaml hold.")
 
 
-def registry_card(params: RegistryParams) -> str:
+def registry_card(params: RegistryParams, repo_id: str | None = None, license: str = "other") -> str:
     """The export's model card completed with the evaluate stage's summary against the base (reports/metrics.json)."""
     train = load_params("train", params.train_params)
     card_path = params.export_dir / CARD_FILE
     train_figures = card_figures(read_front_matter(card_path)) if card_path.is_file() else {}
+    model = benchmark_summary(params)  # names a missing metrics file before it is read
     metrics = json.loads(params.metrics_path.read_text())
-    model = benchmark_summary(params)
     base = {k[len("base/summary/"):]: float(v) for k, v in metrics.items() if k.startswith("base/summary/")}
     summary = {k: (base[k], model[k]) for k in SUMMARY_GROUPS if k in base and k in model}
-    return model_card(card_facts(train), train_figures, summary, name=params.model_name)
+    return model_card(card_facts(train), train_figures, summary, name=params.model_name, repo_id=repo_id, license=license)
+
+
+def publish(params: RegistryParams, out: Path, repo_id: str | None = None, license: str = "other", private: bool = True, api=None) -> str:
+    """The Hub folder of ``params.export_dir`` at ``out`` (card: :func:`registry_card`), uploaded to ``repo_id`` when
+    given; returns where it went."""
+    from components.shared.hub import hub_folder, upload
+
+    if repo_id is not None and not HUB_ID.match(repo_id):
+        raise RegistryError(f"--repo-id {repo_id!r}: not a Hub repository id (owner/name)")  # before any work
+    folder = hub_folder(params.export_dir, registry_card(params, repo_id, license), out)
+    return upload(folder, repo_id, private, api) if repo_id else str(folder)
 
 
 def card_description(card: str) -> str:
     """The card's title, summary paragraph and benchmark table: the version's description in the MLflow UI."""
     body = card.split("\n---\n", 1)[-1].strip()
     sections = body.split("\n## ")
-    keep = [sections[0]] + [f"## {s}" for s in sections[1:] if s.startswith(("Benchmarks", "Training"))]
+    keep = [sections[0]] + [f"## {s}" for s in sections[1:] if s.startswith(("Model details", "Training", "Evaluation"))]
     return "\n\n".join(part.strip() for part in keep)
 
 
@@ -220,17 +236,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default=None, help="params YAML (default: params/registry.yaml)")
     parser.add_argument("--promote", metavar="VERSION_OR_ALIAS", default=None, help="promote instead of register")
+    parser.add_argument("--publish", metavar="FOLDER", type=Path, default=None,
+                        help="instead of registering: write the export as a Hugging Face Hub model folder (config, safetensors, "
+                             "model card with the benchmark figures) into FOLDER")
+    parser.add_argument("--repo-id", default=None, help="with --publish: upload FOLDER to this Hub model repository (OWNER/NAME; "
+                        "token: HF_TOKEN or `hf auth login`)")
+    parser.add_argument("--license", default="other", help="with --publish: the card's licence, an SPDX id such as apache-2.0 "
+                        "(default: other, unspecified)")
+    parser.add_argument("--public", action="store_true", help="with --repo-id: create the repository public (default: private)")
     args = parser.parse_args(argv)
     stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     try:
         params = load_params("registry", args.params)
-        if args.promote:
+        if args.publish is not None:
+            print(f"published: {publish(params, args.publish, args.repo_id, args.license, private=not args.public)}")
+        elif args.promote:
             result = promote(params, args.promote)
             print(result.message)
         else:
             version = register(params)
             print(json.dumps({"model": params.model_name, "version": str(version.version), "aliases": list(version.aliases)}))
-    except (ParamsError, RegistryError) as err:
+    except (ParamsError, RegistryError, PublishError, CorruptFileError) as err:
         print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
     return 0

@@ -16,7 +16,9 @@ def test_the_card_front_matter_parses_and_holds_the_models_figures(tmp_path):
     path = tmp_path / "README.md"
     path.write_text(text)
     front = read_front_matter(path)
-    assert front["library_name"] == "open_clip" and front["base_model"] == str(params.model.init)
+    # a local start is no Hub id: the Hub's base_model field is left out (the body names the start); "other" has its name and link
+    assert front["library_name"] == "open_clip" and "base_model" not in front and str(params.model.init) in text
+    assert front["license"] == "other" and front["license_name"] == "unspecified" and front["license_link"] == "README.md"
     assert {"c2lip", "zero-shot-image-classification"} <= set(front["tags"]) and len(set(front["tags"])) == len(front["tags"])
     assert card_figures(front) == {"zero_shot_top1": 0.98952, "zero_shot_top1_held_out_pairs": 0.89855}  # no timings, no losses
     names = [m["name"] for r in front["model-index"][0]["results"] for m in r["metrics"]]
@@ -24,7 +26,8 @@ def test_the_card_front_matter_parses_and_holds_the_models_figures(tmp_path):
     body = text.split("\n---\n", 1)[1]
     assert "λ_npc = 1.0, λ_xac = 0.01" in body and "| samples seen | 38,400 |" in body
     assert "| binding (SugarCrepe swap_att, SugarCrepe++ swap_att, Winoground group) | 0.261 | 0.265 | +0.004 |" in body
-    assert 'create_model_and_transforms("local-dir:<this folder>")' in body and "## Intended use and limits" in body
+    assert 'create_model_and_transforms("local-dir:<this folder>")' in body and "## Uses" in body and "## Citation" in body
+    assert "Plain open_clip loads it" in body and "imported first" not in body  # no claim that our code is needed
     assert "samples/s" not in text and "197" not in text  # a rebuilt export's card is identical: no timings
 
 
@@ -42,3 +45,14 @@ def test_a_file_without_front_matter_reads_as_empty(tmp_path, content):
     path = tmp_path / "README.md"
     path.write_text(content)
     assert read_front_matter(path) == {} and card_figures({}) == {}
+
+
+def test_a_card_for_the_hub_names_its_repository_its_licence_and_a_hub_start():
+    params = load_params("train").model_copy(deep=True)
+    facts = {**card_facts(params), "init": "hf-hub:timm/ViT-B-16-SigLIP"}
+    text = model_card(facts, None, {"binding": (0.6, 0.7)}, name="c2lip-b16", repo_id="someone/c2lip-b16", license="apache-2.0")
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["base_model"] == "timm/ViT-B-16-SigLIP" and front["license"] == "apache-2.0" and "license_name" not in front
+    assert 'create_model_and_transforms("hf-hub:someone/c2lip-b16")' in text and "| binding" in text and "+0.100" in text
+    for local in ("models/base/export", "scratch", "../x/y", "hf-hub:not a/repo"):
+        assert "base_model" not in yaml.safe_load(model_card({**facts, "init": local}).split("---\n")[1]), local

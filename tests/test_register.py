@@ -88,3 +88,55 @@ def test_register_then_promote_through_the_gates(tmp_path, tracking):
     image = model.predict(pd.DataFrame({"image": [str(REPO / "docs" / "shapesworld_contact_sheet.png")]}))
     assert text.shape == (2, 128) and image.shape == (1, 128)
     assert abs(float((text ** 2).sum(axis=1)[0]) - 1) < 1e-4
+
+
+class _FakeHub:
+    """huggingface_hub's HfApi as the upload uses it, recording what it was asked (the Hub is unreachable here)."""
+
+    def __init__(self, fail: str | None = None):
+        self.calls, self.fail = [], fail
+
+    def create_repo(self, repo_id, **kw):
+        self.calls.append(("create_repo", repo_id, kw["private"]))
+
+    def upload_folder(self, folder_path, repo_id, **kw):
+        from pathlib import Path
+
+        if self.fail:
+            raise OSError(self.fail)
+        self.calls.append(("upload_folder", repo_id, sorted(p.name for p in Path(folder_path).iterdir() if p.name not in kw["ignore_patterns"])))
+        return type("Commit", (), {"commit_url": f"https://huggingface.co/{repo_id}/commit/abc"})()
+
+
+def test_publish_writes_the_folder_open_clip_loads_from_the_hub_with_the_evaluated_card(tmp_path):
+    import open_clip
+    import yaml
+
+    params = _params(tmp_path, {"compositional": 0.70, "zero_shot": 0.90, "retrieval": 0.50, "binding": 0.6})
+    hub = _FakeHub()
+    where = reg.publish(params, tmp_path / "hub" / "c2lip-base", repo_id="someone/c2lip-base", license="apache-2.0", api=hub)
+    folder = tmp_path / "hub" / "c2lip-base"
+    assert where == "https://huggingface.co/someone/c2lip-base/commit/abc"
+    files = ["README.md", "open_clip_config.json", "open_clip_model.safetensors"]
+    assert hub.calls == [("create_repo", "someone/c2lip-base", True), ("upload_folder", "someone/c2lip-base", files)]
+    card = (folder / "README.md").read_text()
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["license"] == "apache-2.0" and front["library_name"] == "open_clip" and "base_model" not in front
+    assert "| binding" in card and "0.550 | 0.600 | +0.050 |" in card
+    assert 'open_clip.create_model_and_transforms("hf-hub:someone/c2lip-base")' in card
+    # what open_clip reads from a Hub repository, read from the folder: the model loads and embeds
+    model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
+    assert model.encode_text(open_clip.get_tokenizer(f"local-dir:{folder}")(["a red circle"])).shape[0] == 1
+
+    # a second publish replaces its own folder; a user's folder is refused untouched; a failed upload is one line
+    reg.publish(params, folder)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(reg.PublishError, match="mine: exists and was not written by a publish"):
+        reg.publish(params, mine)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    with pytest.raises(reg.PublishError, match="someone/x: the upload failed: no token"):
+        reg.publish(params, folder, repo_id="someone/x", api=_FakeHub(fail="no token"))
+    with pytest.raises(reg.RegistryError, match="not a Hub repository id"):
+        reg.publish(params, folder, repo_id="not an id")

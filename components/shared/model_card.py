@@ -8,6 +8,7 @@ version's MLflow description. Pure functions of params and figures (no timings: 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 from components.shared.markdown_text import md_literal, md_text
 
 CARD_FILE = "README.md"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # a Hub repository id: owner/name
 
 # The train stage's own figures that go into the card (metrics/train.json names → what the card calls them)
 TRAIN_FIGURES = {
@@ -65,63 +67,90 @@ def _result(name: str, value: float, dataset: str, task: str) -> dict[str, Any]:
                          "name": name, "value": round(float(value), 5)}]}
 
 
+def hub_base_model(init: str) -> str | None:
+    """The Hub id of the start, when it is one (``hf-hub:org/name`` or ``org/name``); a local path or ``scratch`` has
+    none, and the Hub's ``base_model`` field takes only ids."""
+    name = init[len("hf-hub:"):] if init.startswith("hf-hub:") else init
+    if init.startswith("hf-hub:") or (HUB_ID.match(name) and not Path(name).exists() and name.split("/")[0] not in ("models", "data")):
+        return name if HUB_ID.match(name) else None
+    return None
+
+
 def model_card(facts: dict[str, Any], train_figures: dict[str, float] | None = None,
-               summary: dict[str, tuple[float, float]] | None = None, name: str = "c2lip") -> str:
-    """The card's text. ``train_figures``: the train stage's metrics (metrics/train.json); ``summary``: group →
-    (base, this model) from the evaluate stage, when the model has been through the benchmark suite."""
+               summary: dict[str, tuple[float, float]] | None = None, name: str = "c2lip", repo_id: str | None = None,
+               license: str = "other") -> str:
+    """The card's text, in the layout of open_clip's cards on the Hub (model details, uses, training, evaluation, how
+    to load it, citation). ``train_figures``: the train stage's metrics (metrics/train.json); ``summary``: group →
+    (base, this model) from the evaluate stage, when the model has been through the benchmark suite; ``repo_id``: the
+    Hub repository it is published to (its ``hf-hub:`` line); ``license``: an SPDX id, or ``other`` (unspecified)."""
     train_figures = {k: v for k, v in (train_figures or {}).items() if k in TRAIN_FIGURES}
     summary = {k: v for k, v in (summary or {}).items() if k in SUMMARY_GROUPS}
     results = [_result(TRAIN_FIGURES[k], v, "ShapesWorld test", "zero-shot-image-classification") for k, v in train_figures.items()]
     results += [_result(SUMMARY_GROUPS[k], model, "ShapesWorld benchmark suite", "zero-shot-image-classification")
                 for k, (_, model) in summary.items()]
-    front = {
-        "library_name": "open_clip",
-        "license": "other",
+    front: dict[str, Any] = {"library_name": "open_clip", "license": license}
+    if license == "other":  # the Hub asks a name and a link for a licence that is not an SPDX id
+        front.update(license_name="unspecified", license_link="README.md")
+    front.update({
         "tags": list(dict.fromkeys(["clip", "siglip", "compositionality", "c2lip", facts["method"], "zero-shot-image-classification"])),
         "pipeline_tag": "zero-shot-image-classification",
-        "base_model": facts["init"],
-        "datasets": ["shapesworld" if any("captions" in s for s in facts["shards"]) else "local-shards"],
-        "model-index": [{"name": name, "results": results}],
-    }
+    })
+    if (base := hub_base_model(facts["init"])) is not None:
+        front["base_model"] = base
+    front["model-index"] = [{"name": name, "results": results}]
     method = facts["method"]
     lambdas = f" (λ_npc = {facts['lambda_npc']}, λ_xac = {facts['lambda_xac']})" if "lambda_npc" in facts else ""
+    where = f"hf-hub:{repo_id}" if repo_id else "local-dir:<this folder>"
     lines = [
         "---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).strip(), "---", "",
         f"# {md_text(name)}: {md_text(facts['architecture'])} fine-tuned with {md_text(method)}", "",
         summary_paragraph(facts, summary), "",
-        "## Training", "",
+        "## Model details", "",
         "| what | value |", "|---|---|",
         f"| architecture | {md_literal(facts['architecture'])}"
-        + (f" with the Hugging Face text tower {md_literal(facts['text_tower'])}" if "text_tower" in facts else "") + " |",
+        + (f" with the Hugging Face text tower {md_literal(facts['text_tower'])}" if "text_tower" in facts else "") + " (open_clip) |",
         f"| started from | {md_literal(facts['init'])} |",
         f"| method | {md_literal(method)}{lambdas}, {md_text(facts['contrastive'])} contrastive loss |",
-        f"| recipe | AdamW lr {facts['lr']:g}, weight decay {facts['weight_decay']:g}, {facts['warmup_steps']} warm-up steps then cosine, "
-        f"{facts['steps']} steps of {facts['global_batch']}, seed {facts['seed']} |",
-        f"| data | {', '.join(md_literal(s) for s in facts['shards'])}, caption field {md_literal(facts['caption_field'])} |",
-        f"| samples seen | {facts['samples_seen']:,} |",
-        f"| weights | `{facts['export_dtype']}` safetensors |", "",
-    ]
-    if train_figures:
-        lines += ["## The train stage's check", "", "| figure | value |", "|---|---|"]
-        lines += [f"| {TRAIN_FIGURES[k]} | {v:.3f} |" for k, v in train_figures.items()] + [""]
-    if summary:
-        lines += ["## Benchmarks against the base", "", "| group | base | this model | Δ |", "|---|---|---|---|"]
-        lines += [f"| {SUMMARY_GROUPS[k]} | {b:.3f} | {m:.3f} | {m - b:+.3f} |" for k, (b, m) in summary.items()] + [""]
-    lines += [
-        "## How to load it", "",
-        "```python",
-        "import open_clip",
-        'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:<this folder>")',
-        'tokenizer = open_clip.get_tokenizer("local-dir:<this folder>")',
-        "```", "",
-        "A registered version loads the same way from its artifacts, or as an MLflow pyfunc that embeds images and texts:",
-        '`mlflow.pyfunc.load_model("models:/c2lip@champion")`. The tiny architectures (`c2lip-tiny-*`) need c2lip\'s',
-        "`components.method.models` imported first, which registers their configs with open_clip.", "",
-        "## Intended use and limits", "",
+        f"| weights | `{facts['export_dtype']}` safetensors |",
+        f"| licence | {md_text(license) if license != 'other' else 'not specified by whoever trained it: ask them before reuse'} |", "",
+        "## Uses", "",
         "A research model for studying compositional binding in contrastive vision–language training. Trained on",
         "ShapesWorld, a synthetic world of coloured shapes: its figures say how a method changes binding, composition,",
         "zero-shot and retrieval *in that world* under this recipe, with one seed unless the comparison says otherwise;",
-        "they say nothing about natural images, and the model is not meant for any use beyond that research.",
+        "they say nothing about natural images, and the model is not meant for any use beyond that research.", "",
+        "## Training", "",
+        "| what | value |", "|---|---|",
+        f"| recipe | AdamW lr {facts['lr']:g}, weight decay {facts['weight_decay']:g}, {facts['warmup_steps']} warm-up steps then cosine, "
+        f"{facts['steps']} steps of {facts['global_batch']}, seed {facts['seed']} |",
+        f"| data | {', '.join(md_literal(s) for s in facts['shards'])}, caption field {md_literal(facts['caption_field'])} |",
+        f"| samples seen | {facts['samples_seen']:,} |", "",
+        "## Evaluation", "",
+    ]
+    if train_figures:
+        lines += ["The train stage's own check:", "", "| figure | value |", "|---|---|"]
+        lines += [f"| {TRAIN_FIGURES[k]} | {v:.3f} |" for k, v in train_figures.items()] + [""]
+    if summary:
+        lines += ["### Benchmarks against the base", "",
+                  "The benchmark suite (SugarCrepe, SugarCrepe++, ARO, Winoground-style pairs, zero-shot, retrieval, in their",
+                  "official formats) on ShapesWorld's held-out test images, this model beside the model it started from:", "",
+                  "| group | base | this model | Δ |", "|---|---|---|---|"]
+        lines += [f"| {SUMMARY_GROUPS[k]} | {b:.3f} | {m:.3f} | {m - b:+.3f} |" for k, (b, m) in summary.items()] + [""]
+    if not train_figures and not summary:
+        lines += ["Not evaluated yet: the register stage adds the benchmark suite's figures against the base.", ""]
+    lines += [
+        "## How to load it", "",
+        "Plain open_clip loads it (no other package needed):", "",
+        "```python",
+        "import open_clip",
+        f'model, _, preprocess = open_clip.create_model_and_transforms("{where}")',
+        f'tokenizer = open_clip.get_tokenizer("{where}")',
+        "```", "",
+        "A version in c2lip's MLflow registry loads the same way from its `export` artifact, or as an MLflow pyfunc that",
+        'embeds images or texts: `mlflow.pyfunc.load_model("models:/c2lip/1")` (a version number, or an alias the registry',
+        "set: `challenger` after registration, `champion` after a promotion).", "",
+        "## Citation", "",
+        "The method: C2LIP (CVPR 2026), noun-phrase concept losses and cross-attention pooling for compositional",
+        "contrastive fine-tuning. The models and training code: OpenCLIP (Ilharco et al., 2021, doi:10.5281/zenodo.5143773).",
         "",
     ]
     return "\n".join(lines)

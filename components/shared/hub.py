@@ -1,0 +1,68 @@
+"""A model folder for the Hugging Face Hub, and its upload: what open_clip's ``push_to_hf_hub`` writes
+(``open_clip_config.json``, ``open_clip_model.safetensors``, the tokenizer's files when an export holds them, and the
+model card as ``README.md``), from one of our exports, so that ``open_clip.create_model_and_transforms("hf-hub:<repo>")``
+loads it. The register stage's ``--publish`` calls it with the card completed by the benchmark suite's figures.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from components.shared.checkpoints import EXPORT_CONFIG, check_export
+from components.shared.model_card import CARD_FILE, HUB_ID
+
+PUBLISH_MARKER = ".c2lip-publish"  # in every folder this writes: the one kind of folder it may replace
+NOT_PUBLISHED = ("_checksums.json", CARD_FILE)  # our own integrity record, and the export's card (replaced by the full one)
+
+
+class PublishError(ValueError):
+    """A folder or repository that cannot be published to: says which, and why."""
+
+
+def hub_folder(export: Path, card: str, out: Path) -> Path:
+    """``out`` holding the export's files and ``card`` as README.md, written whole under a temporary name then renamed
+    into place. ``out`` must be new, empty, or a folder this wrote before: nothing of a user's is replaced."""
+    export, out = Path(export), Path(out)
+    if not (export / EXPORT_CONFIG).is_file():
+        raise PublishError(f"{export}: no {EXPORT_CONFIG}; publish an export folder (the train stage's models/train/export)")
+    check_export(export)  # checksums and a readable safetensors file, else the damaged file is named
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / PUBLISH_MARKER).is_file())):
+        raise PublishError(f"{out}: exists and was not written by a publish (no {PUBLISH_MARKER}); name a new or empty folder "
+                           "(nothing was changed)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f".{out.name}.c2lip-build-", dir=out.parent))
+    try:
+        for file in sorted(export.iterdir()):
+            if file.is_file() and file.name not in NOT_PUBLISHED:
+                shutil.copy2(file, build / file.name)
+        (build / CARD_FILE).write_text(card)
+        (build / PUBLISH_MARKER).write_text("written by `python -m components.register --publish`; it replaces this folder whole\n")
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.c2lip-old-", dir=out.parent))
+        if out.exists():
+            out.rename(old)  # onto the empty folder just made: rename(2) replaces an empty directory
+        build.rename(out)
+        shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    return out
+
+
+def upload(folder: Path, repo_id: str, private: bool = True, api=None) -> str:
+    """Upload ``folder`` to the Hub model repository ``repo_id`` (created when missing, private by default) with
+    huggingface_hub; the token is huggingface_hub's own (HF_TOKEN or `hf auth login`). Returns the commit's URL."""
+    if not HUB_ID.match(repo_id):
+        raise PublishError(f"--repo-id {repo_id!r}: not a Hub repository id (owner/name)")
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+    try:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", ignore_patterns=[PUBLISH_MARKER],
+                                   commit_message="Upload a c2lip model (open_clip export and model card)")
+    except Exception as err:  # offline, no token, no rights: one line naming the repository
+        raise PublishError(f"--repo-id {repo_id}: the upload failed: {str(err).splitlines()[0][:300] if str(err) else type(err).__name__}") from None
+    return str(getattr(commit, "commit_url", commit))
