@@ -88,6 +88,12 @@ def test_register_then_promote_through_the_gates(tmp_path, tracking):
     image = model.predict(pd.DataFrame({"image": [str(REPO / "docs" / "shapesworld_contact_sheet.png")]}))
     assert text.shape == (2, 128) and image.shape == (1, 128)
     assert abs(float((text ** 2).sum(axis=1)[0]) - 1) < 1e-4
+    # its signature says what it takes and gives; a frame with both columns is refused, not silently embedded as text
+    schema = model.metadata.get_input_schema()
+    assert schema.input_names() == ["text", "image"] and not any(c.required for c in schema.inputs)
+    assert model.metadata.get_output_schema().inputs[0].shape == (-1, 128)
+    with pytest.raises(Exception, match="both a 'text' and an 'image' column"):
+        model.predict(pd.DataFrame({"text": ["a red circle"], "image": [str(REPO / "docs" / "shapesworld_contact_sheet.png")]}))
 
 
 class _FakeHub:

@@ -5,7 +5,9 @@ A registered version's artifacts hold the export folder itself (``open_clip_conf
 - as an open_clip model: download the artifacts and ``create_model_and_transforms("local-dir:<folder>")``
   (what the evaluate stage does);
 - as an MLflow pyfunc: ``mlflow.pyfunc.load_model(uri).predict(df)`` with a ``text`` column (strings) or an
-  ``image`` column (file paths or encoded image bytes) returns one L2-normalised embedding per row.
+  ``image`` column (file paths) returns one L2-normalised embedding per row. The model's signature says so (two
+  optional string columns in, a float32 vector per row out), and a frame with both columns is refused: which one to
+  embed would be a guess.
 """
 
 from __future__ import annotations
@@ -40,11 +42,15 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
         from PIL import Image
 
         columns = list(getattr(model_input, "columns", []))
+        given = [c for c in ("text", "image") if c in columns and model_input[c].notna().any()]
+        if len(given) > 1:
+            raise ValueError("input has both a 'text' and an 'image' column: give one of them per call (each row is embedded "
+                             "as a text or as an image)")
         with torch.no_grad():
-            if "text" in columns:
+            if "text" in given:
                 tokens = self.tokenizer([str(t) for t in model_input["text"]])
                 features = self.model.encode_text(tokens, normalize=True)
-            elif "image" in columns:
+            elif "image" in given:
                 images = []
                 for value in model_input["image"]:
                     source = io.BytesIO(value) if isinstance(value, (bytes, bytearray)) else Path(value)
@@ -55,6 +61,20 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
         return np.asarray(features.float().numpy())
 
 
+def signature(export_dir: Path):
+    """The pyfunc's signature: a ``text`` or an ``image`` (file path) column, each optional; out, one float32 embedding
+    of the export's width per row."""
+    import json
+
+    import numpy as np
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ColSpec, Schema, TensorSpec
+
+    width = json.loads((Path(export_dir) / "open_clip_config.json").read_text())["model_cfg"]["embed_dim"]
+    inputs = Schema([ColSpec("string", "text", required=False), ColSpec("string", "image", required=False)])
+    return ModelSignature(inputs=inputs, outputs=Schema([TensorSpec(np.dtype("float32"), (-1, width))]))
+
+
 def log_export(export_dir: Path, name: str = "model", registered_model_name: str | None = None):
     """Log ``export_dir`` as a pyfunc model in the active run (optionally registering a version).
     Returns MLflow's ModelInfo. ``pip_requirements`` is given: MLflow's inference of them takes seconds."""
@@ -62,6 +82,7 @@ def log_export(export_dir: Path, name: str = "model", registered_model_name: str
     import torch
 
     return mlflow.pyfunc.log_model(
+        signature=signature(export_dir),
         name=name,
         python_model=OpenClipEmbedder(),
         artifacts={EXPORT_ARTIFACT: str(export_dir)},
