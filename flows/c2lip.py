@@ -215,6 +215,22 @@ def publish_galleries(folder: Path, key: str) -> list[str]:
     return links
 
 
+def ensure_default_suite(params, build) -> bool:
+    """Build ShapesWorld's suite (``build("benchmarks")``: `dvc repro benchmarks`) when the evaluate params read it and it
+    is not there; True when it was built. A suite of the user's own files is never built, only read."""
+    from components.benchmarks import SUITE_MARKER
+
+    default = ROOT / "data" / "benchmarks" / "shapesworld"
+    roots = {Path(getattr(params.benchmarks, name).data_root) for name in type(params.benchmarks).model_fields
+             if getattr(getattr(params.benchmarks, name), "enabled", True)}
+    reads_default = any((root if root.is_absolute() else ROOT / root).resolve().is_relative_to(default.resolve()) for root in roots)
+    if not reads_default or (default / SUITE_MARKER).is_file():
+        return False
+    print("evaluate: ShapesWorld's benchmark suite is not built in this workspace yet; building it (dvc repro benchmarks)")
+    build("benchmarks")
+    return True
+
+
 @flow(name="c2lip", log_prints=True)
 def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, benchmarks: SuiteParams | None = None,
              output_dir: str = "reports/adhoc") -> dict[str, float]:
@@ -231,6 +247,7 @@ def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, bench
     if benchmarks is not None:
         params.benchmarks = benchmarks
     params.output_dir = report_dir
+    ensure_default_suite(params, dvc_repro)  # a fresh clone has no ShapesWorld suite yet: build it, do not fail on it
     flat = ev.run(params)
     text = (params.output_dir / "benchmarks.md").read_text()
     create_markdown_artifact(markdown=text, key=_artifact_key(f"c2lip-evaluate-{model.name}"), description=f"Benchmarks of {model.name}")

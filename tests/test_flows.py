@@ -175,3 +175,22 @@ def test_the_training_log_says_where_to_watch_its_mlflow_run():
     assert where_to_watch("http://mlflow.team:5000/", "3", "abc") == "MLflow run abc: http://mlflow.team:5000/#/experiments/3/runs/abc"
     local = where_to_watch("sqlite:////w/mlflow.db", "1", "abc")
     assert "mlflow ui --backend-store-uri sqlite:////w/mlflow.db" in local and local.endswith("http://127.0.0.1:5000/#/experiments/1/runs/abc")
+
+
+def test_the_evaluate_deployment_builds_the_default_suite_a_fresh_clone_lacks(tmp_path, monkeypatch):
+    import flows.c2lip as flow_module
+    from components.benchmarks import SUITE_MARKER
+    from components.shared.params import load_params
+
+    monkeypatch.setattr(flow_module, "ROOT", tmp_path)  # a workspace without data/benchmarks
+    built = []
+    params = load_params("evaluate")
+    assert flow_module.ensure_default_suite(params, built.append) and built == ["benchmarks"]
+    (tmp_path / "data" / "benchmarks" / "shapesworld").mkdir(parents=True)
+    (tmp_path / "data" / "benchmarks" / "shapesworld" / SUITE_MARKER).write_text("built")
+    assert not flow_module.ensure_default_suite(params, built.append) and built == ["benchmarks"]  # built once
+    own = params.model_copy(deep=True)  # a suite of the user's own files only: read, never built
+    for name in type(own.benchmarks).model_fields:
+        getattr(own.benchmarks, name).data_root = tmp_path / "mine"
+    (tmp_path / "data" / "benchmarks" / "shapesworld" / SUITE_MARKER).unlink()
+    assert not flow_module.ensure_default_suite(own, built.append) and built == ["benchmarks"]
