@@ -203,11 +203,22 @@ def full(overrides: RunOverrides | None = None, register_version: bool = True, p
     return result
 
 
+def page_link(page: Path) -> str:
+    """Where a browser opens a report page from the Prefect UI: the workspace's reports server (``make serve`` starts
+    it and sets C2LIP_REPORTS_URL) for a page under reports/; else a file:// address, which a browser opens only when
+    pasted (it refuses file:// links from an http page)."""
+    served, reports = os.environ.get("C2LIP_REPORTS_URL"), (ROOT / "reports").resolve()
+    resolved = page.resolve()
+    if served and resolved.is_relative_to(reports):
+        return f"{served.rstrip('/')}/{resolved.relative_to(reports).as_posix()}"
+    return resolved.as_uri()
+
+
 def publish_galleries(folder: Path, key: str) -> list[str]:
-    """A link artifact per failure-gallery page in ``folder`` (file:// links: the pages are static and local)."""
+    """A link artifact per failure-gallery page in ``folder`` (:func:`page_link`: served when ``make serve`` runs)."""
     links = []
     for page in sorted(folder.glob("*.html")) if folder.is_dir() else []:
-        link = page.resolve().as_uri()
+        link = page_link(page)
         suffix = "" if page.name == "index.html" else f"-{page.stem}"
         create_link_artifact(link=link, link_text=f"failure gallery ({page.name})", key=_artifact_key(f"{key}{suffix}"),
                              description="Items fixed, broken and missed by both models, with images, captions and scores")

@@ -24,6 +24,15 @@ until python -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL
   if ! kill -0 $SERVER 2>/dev/null; then echo "prefect server failed to start; see $PREFECT_HOME/server.log" >&2; exit 1; fi
   sleep 1
 done
+# the reports (benchmark report, failure galleries) over http on 127.0.0.1 only, read-only: the flow's link artifacts
+# point here, since a browser refuses file:// links from the Prefect UI's page
+REPORTS_PORT="${C2LIP_REPORTS_PORT:-4201}"
+mkdir -p reports
+python -m http.server --bind 127.0.0.1 --directory reports "$REPORTS_PORT" > "$PREFECT_HOME/reports-server.log" 2>&1 &
+REPORTS=$!
+trap 'kill $SERVER $REPORTS 2>/dev/null || true' EXIT
+export C2LIP_REPORTS_URL="http://127.0.0.1:${REPORTS_PORT}"
 echo "Prefect server: http://127.0.0.1:${PORT} (UI and API); log in $PREFECT_HOME/server.log"
+echo "Reports: $C2LIP_REPORTS_URL/benchmarks.md, failure gallery $C2LIP_REPORTS_URL/gallery/index.html"
 echo "In another shell:  PREFECT_API_URL=$PREFECT_API_URL .venv/bin/prefect deployment run c2lip/full"
 python -m flows.serve

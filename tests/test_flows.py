@@ -194,3 +194,16 @@ def test_the_evaluate_deployment_builds_the_default_suite_a_fresh_clone_lacks(tm
         getattr(own.benchmarks, name).data_root = tmp_path / "mine"
     (tmp_path / "data" / "benchmarks" / "shapesworld" / SUITE_MARKER).unlink()
     assert not flow_module.ensure_default_suite(own, built.append) and built == ["benchmarks"]
+
+
+def test_gallery_links_point_at_the_reports_server_when_make_serve_runs(tmp_path, monkeypatch):
+    import flows.c2lip as flow_module
+
+    monkeypatch.setattr(flow_module, "ROOT", tmp_path)
+    page = tmp_path / "reports" / "adhoc" / "m" / "gallery" / "index.html"
+    monkeypatch.delenv("C2LIP_REPORTS_URL", raising=False)
+    assert flow_module.page_link(page) == page.resolve().as_uri()
+    monkeypatch.setenv("C2LIP_REPORTS_URL", "http://127.0.0.1:4201/")
+    assert flow_module.page_link(page) == "http://127.0.0.1:4201/adhoc/m/gallery/index.html"
+    outside = tmp_path / "elsewhere" / "index.html"
+    assert flow_module.page_link(outside).startswith("file://")  # not under reports/: not served, so not pretended
