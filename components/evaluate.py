@@ -147,7 +147,7 @@ def write_outputs(build: Path, params: EvaluateParams, tasks, names, tables, per
     report = markdown_report(tasks, per_model, names, meta, intervals, params.bootstrap.resamples,
                              "gallery/index.html" if galleries else None)
     atomic_write_bytes(build / "benchmarks.md", report.encode())
-    atomic_write_bytes(build / "benchmarks.png", bar_chart(tasks, per_model, names))
+    atomic_write_bytes(build / "benchmarks.png", bar_chart(tasks, per_model, names, intervals))
     return galleries
 
 

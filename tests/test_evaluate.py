@@ -22,6 +22,7 @@ from components.shared.params import EvaluateParams, ParamsError, validate_param
 from components.suite import aro, scoring
 from components.suite import formats as bd
 from components.suite import retrieval as retrieval_reader
+from components.suite.report import chance_level as report_chance
 
 D = 4
 
@@ -778,6 +779,11 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
 
     # every benchmark's per-item table, recomputed here with pandas alone, gives metrics.json's figures
     tasks = ev.load_suite(params)
+    # the chart's chance marks are the benchmarks' own rules on random embeddings: 1/2 for a caption against one negative,
+    # 1/3 for SugarCrepe++'s three-way ITT, 1/6 for Winoground's group score (a small suite here: a loose tolerance)
+    chance = {t.name: report_chance(t) for t in tasks}
+    assert chance["sugarcrepe/swap_att"] == pytest.approx(0.5, abs=0.12) and chance["winoground"] == pytest.approx(1 / 6, abs=0.1)
+    assert chance["sugarcrepe_pp/swap_att"] == pytest.approx(1 / 3, abs=0.12)
     for model in ("export", "checkpoint"):
         for task in tasks:
             figure = recomputed_headline(pq.read_table(out / "items" / model / f"{task.name}.parquet"))

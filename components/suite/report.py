@@ -142,27 +142,75 @@ def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, di
     return "\n".join(lines) + "\n"
 
 
-def bar_chart(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str]) -> bytes:
-    """Grouped bars of each benchmark's headline metric, one bar per model: all items, and held-out items."""
-    plt = pyplot()
-    import numpy as np
+GROUP_ORDER = ("binding", "compositional", "zero_shot", "retrieval")
 
-    panels = [("all items", ""), ("held-out (color, shape) pairs only", "held_out/")]
-    panels = [(t, p) for t, p in panels if any(f"{p}{task.headline}" in per_model[names[0]][task.name] for task in tasks)]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8.0, 0.55 * len(tasks) * max(1, len(names)) / 1.5), 4.2 * len(panels)),
-                             squeeze=False, dpi=100)
-    width = 0.8 / len(names)
-    for ax, (title, prefix) in zip(axes[:, 0], panels, strict=False):
-        shown = [t for t in tasks if f"{prefix}{t.headline}" in per_model[names[0]][t.name]]
-        x = np.arange(len(shown))
-        for k, name in enumerate(names):
-            vals = [per_model[name][t.name].get(f"{prefix}{t.headline}", np.nan) for t in shown]
-            ax.bar(x + (k - (len(names) - 1) / 2) * width, vals, width, label=name)
-        ax.set_xticks(x, [f"{t.name}\n({t.headline})" for t in shown], rotation=60, ha="right", fontsize=7)
-        ax.set_ylim(0, 1)
-        ax.set_ylabel("score")
-        ax.set_title(title)
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8, ncols=len(names))
+
+def chart_group(task: formats.Task) -> str:
+    return "binding" if task.name in BINDING_TASKS else task.group
+
+
+def chance_level(task: formats.Task, draws: int = 8, dim: int = 32, seed: int = 0) -> float:
+    """The task's headline when every embedding is random: what guessing scores under the benchmark's own rule (0.5 for
+    a caption against one negative, about one in the number of classes for zero-shot, ...), the mean of a few draws."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    texts = len(task.needs_classifier["classnames"]) if task.needs_classifier else len(task.texts)
+    values = []
+    for _ in range(draws):
+        images = torch.nn.functional.normalize(torch.randn(len(task.images), dim, generator=generator), dim=-1)
+        words = torch.nn.functional.normalize(torch.randn(texts, dim, generator=generator), dim=-1)
+        table = items.item_table(task.name, task.headline, task.layout, task.score_items(images, words))
+        values.append(items.results_of(table)[task.headline])
+    return float(sum(values) / len(values))
+
+
+def bar_chart(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str],
+              intervals: dict[str, dict[str, Any]] | None = None) -> bytes:
+    """One row per benchmark, grouped (binding, compositional, zero-shot, retrieval): each model's headline beside the
+    chance level (left) and, with two or more models, the last one's difference from the first with its 95% paired
+    interval over items (right: green when the interval lies above 0, red below, grey across it)."""
+    plt = pyplot()
+
+    order = {g: k for k, g in enumerate(GROUP_ORDER)}
+    shown = sorted(tasks, key=lambda t: (order.get(chart_group(t), len(order)), t.name))
+    rows = list(range(len(shown)))[::-1]  # the first task on top
+    delta = intervals.get(names[-1]) if intervals and len(names) > 1 else None
+    fig, axes = plt.subplots(1, 2 if delta else 1, figsize=(11.5 if delta else 7.5, 0.34 * len(shown) + 1.6), squeeze=False,
+                             dpi=100, gridspec_kw={"width_ratios": [3, 2] if delta else [1]}, sharey=True)
+    ax = axes[0, 0]
+    markers = "os^Dv<>"
+    for k, name in enumerate(names):
+        ax.scatter([per_model[name][t.name][t.headline] for t in shown], rows, marker=markers[k % len(markers)], s=36, zorder=3,
+                   label=name)
+    ax.scatter([chance_level(t) for t in shown], rows, marker="|", s=160, color="0.45", zorder=2, label="chance")
+    ax.set_yticks(rows, [f"{t.name} ({t.headline})" for t in shown], fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("score (headline metric)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncols=len(names) + 1, frameon=False)
+    # group bands: a label and a line between groups
+    for axis in axes[0]:
+        previous = None
+        for row, task in zip(rows, shown, strict=True):
+            if chart_group(task) != previous:
+                if previous is not None:
+                    axis.axhline(row + 0.5, color="0.7", lw=0.8)
+                previous = chart_group(task)
+                if axis is ax:
+                    axis.annotate(previous.replace("_", "-"), (1.0, row), xytext=(4, 0), textcoords="offset points", fontsize=8,
+                                  color="0.3", va="center", annotation_clip=False)
+    if delta:
+        right = axes[0, 1]
+        for row, task in zip(rows, shown, strict=True):
+            interval = delta["tasks"][task.name].get(task.headline)
+            if interval is None:
+                continue
+            color = "tab:green" if interval.low > 0 else "tab:red" if interval.high < 0 else "0.5"
+            right.errorbar(interval.delta, row, xerr=[[interval.delta - interval.low], [interval.high - interval.delta]], fmt="o",
+                           color=color, ms=5, capsize=2)
+        right.axvline(0, color="0.3", lw=0.8)
+        right.set_xlabel(f"Δ {names[-1]} − {names[0]} (95% paired interval)")
+        right.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return figure_png(fig)
