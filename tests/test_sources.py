@@ -60,7 +60,9 @@ def _write_tar(path, samples):
 def test_webdataset_source_rekeys_validates_and_counts_skips(tmp_path):
     _write_tar(tmp_path / "a-000.tar", [
         {"__key__": "x1", "jpg": _image(), "txt": "a red square"},
-        {"__key__": "x2", "png": _image("PNG"), "txt": "a png image", "json": {"long": "long text"}},
+        {"__key__": "x2", "png": _image("PNG"), "txt": "a png image",  # img2dataset's json: its download record beside a caption
+         "json": {"long": "long text", "url": "https://example.org/x2.png", "status": "success", "width": 32, "height": 32,
+                  "key": "000000002", "exif": "{}"}},
         {"__key__": "x3", "jpg": b"not an image", "txt": "corrupt"},
     ])
     _write_tar(tmp_path / "a-001.tar", [
@@ -82,6 +84,9 @@ def test_webdataset_source_rekeys_validates_and_counts_skips(tmp_path):
     assert all(s["jpg"][:2] == b"\xff\xd8" for s in samples)
     meta = json.loads(samples[1]["json"])
     assert meta["source_key"] == "x2" and meta["source_shard"].endswith("a-000.tar")
+    # the downloader's record of where the picture came from stays with it; its own key does not replace ours
+    assert (meta["url"], meta["status"], meta["width"]) == ("https://example.org/x2.png", "success", 32)
+    assert meta["key"] == "train-000000-000001" and "exif" not in meta
     assert "a-000.tar:x3" in stats["skip_examples"]["undecodable_image"][0]
 
 

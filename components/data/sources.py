@@ -131,6 +131,11 @@ class ShapesWorldSource:
 # --------------------------------------------------------------------------------------------------
 
 
+# what img2dataset records of each download in the sample's json, kept in ours: where the picture came from and how
+# it was fetched (its provenance, for a user's audit or a takedown)
+DOWNLOADER_FIELDS = ("url", "status", "width", "height", "original_width", "original_height", "sha256", "error_message")
+
+
 class WebDatasetSource:
     """Existing local tar shards: output shard i is input shard i, re-keyed and validated."""
 
@@ -187,7 +192,8 @@ class WebDatasetSource:
         captions = clean_captions(raw, self.params.caption_field)
         if isinstance(captions, Skip):
             return Skip(captions.reason, f"{path}:{key}: {captions.detail}")
-        return RawSample(jpg, captions, {"source": "webdataset", "source_shard": path, "source_key": key})
+        kept = {k: meta_json[k] for k in DOWNLOADER_FIELDS if isinstance(meta_json, dict) and meta_json.get(k) is not None}
+        return RawSample(jpg, captions, {"source": "webdataset", "source_shard": path, "source_key": key, **kept})
 
 
 # --------------------------------------------------------------------------------------------------
