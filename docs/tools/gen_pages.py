@@ -61,6 +61,9 @@ def gallery_for(page_path: str, source: Path, prefix: str, target: str) -> None:
 report_page("results/reports/benchmarks.md", REPORTS / "benchmarks.md", REPORTS / "benchmarks.png",
             "Benchmark report", "`make run` writes it (reports/benchmarks.md)")
 gallery_for("results/reports/benchmarks.md", REPORTS / "gallery", "gallery", "gallery")
+report_page("results/reports/bases.md", REPORTS / "base-calibrated" / "benchmarks.md", REPORTS / "base-calibrated" / "benchmarks.png",
+            "The two bases", "`python -m components.evaluate --params params/presets/evaluate-bases.yaml` writes it (reports/base-calibrated/)")
+gallery_for("results/reports/bases.md", REPORTS / "base-calibrated" / "gallery", "gallery", "bases-gallery")
 report_page("results/reports/compare.md", REPORTS / "compare.md", REPORTS / "compare.png",
             "Comparison of methods", "`make compare` writes it (reports/compare.md)")
 gallery_for("results/reports/compare.md", REPORTS / "compare-gallery", "compare-gallery", "compare-gallery")
