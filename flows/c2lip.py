@@ -38,7 +38,7 @@ from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_para
 from components.shared.params import STAGES as PARAM_MODELS
 from components.shared.processes import die_with_parent, mark_run
 from components.shared.redact import redact
-from flows.progress import ProgressLog
+from flows.progress import ProgressLog, readable
 from flows.workspace import confine_paths, output_dir_inside, resolve_overrides, run_with_overrides, workspace_lock
 
 PROGRESS = re.compile(r"\d+%\|")
@@ -112,10 +112,10 @@ def run_command(args: list[str], cwd: Path = ROOT) -> str:
                             preexec_fn=_dvc_dies_with_the_flow)
     lines = []
     progress = ProgressLog(logger)  # a bar: a line per tenth and a progress artifact on the run's page
-    for line in proc.stdout:
-        line = line.rstrip()
-        lines.append(line)
-        if not line or progress.feed(redact(line)):
+    for raw in proc.stdout:
+        lines.append(raw.rstrip())
+        line = readable(raw)
+        if line is None or progress.feed(redact(line)):
             continue
         if not PROGRESS.search(line) or "100%|" in line:  # a bar of another format: its end only
             logger.info(redact(line))

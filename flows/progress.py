@@ -16,6 +16,17 @@ from typing import Any
 BAR = re.compile(r"^(?P<desc>.*?):?\s*(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>[\d.]+\w?)/(?P<total>[\d.]+\w?)\s*"
                  r"\[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+)(?:,\s*(?P<rest>.*))?\]\s*$")
 TENTHS = 10
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# lines a user of the flow cannot act on: DVC's advice after every stage (the flow commits and pushes itself) and
+# DeepSpeed's accelerator notice
+NOISE = re.compile(r"^(To track the changes with git, run:|\s*git add .*dvc\.lock|To enable auto staging, run:|\s*dvc config core\.autostage"
+                   r"|Use `dvc push` to send your updates|.*\[real_accelerator\.py:\d+:get_accelerator\] Setting ds_accelerator)")
+
+
+def readable(line: str) -> str | None:
+    """``line`` as the flow's log shows it: without terminal colour codes; None for a line of :data:`NOISE`."""
+    line = ANSI.sub("", line).rstrip()
+    return None if not line.strip() or NOISE.match(line) else line
 
 
 @dataclass

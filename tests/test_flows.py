@@ -207,3 +207,13 @@ def test_gallery_links_point_at_the_reports_server_when_make_serve_runs(tmp_path
     assert flow_module.page_link(page) == "http://127.0.0.1:4201/adhoc/m/gallery/index.html"
     outside = tmp_path / "elsewhere" / "index.html"
     assert flow_module.page_link(outside).startswith("file://")  # not under reports/: not served, so not pretended
+
+
+def test_the_flow_log_drops_what_a_user_cannot_act_on_and_terminal_colours():
+    from flows.progress import readable
+
+    assert readable("To track the changes with git, run:") is None and readable("\tgit add dvc.lock") is None
+    assert readable("Use `dvc push` to send your updates to remote storage.") is None
+    assert readable("[2026-12-03 07:00:00,000] [INFO] [real_accelerator.py:254:get_accelerator] Setting ds_accelerator to cpu (auto detect)") is None
+    assert readable("\x1b[33mUserWarning: add type hints\x1b[0m") == "UserWarning: add type hints"
+    assert readable("Running stage 'train':") == "Running stage 'train':"
