@@ -199,8 +199,27 @@ def full(overrides: RunOverrides | None = None, register_version: bool = True, p
              f"Registered: `{registered['name']}` version {registered['version']} (aliases {registered['aliases']})" if registered else "Not registered.",
              "", _report_summary(), "", f"Full report: `{ROOT / 'reports' / 'benchmarks.md'}`"]
     create_markdown_artifact(markdown="\n".join(lines), key="c2lip-full", description="Benchmark summary of the run")
-    publish_galleries(ROOT / "reports" / "gallery", "c2lip-full-gallery")
+    galleries = publish_galleries(ROOT / "reports" / "gallery", "c2lip-full-gallery")
+    for line in final_summary(ROOT / "reports" / "intervals.json", galleries, ROOT / "models" / "train" / "export" / "README.md"):
+        get_run_logger().info(line)
     return result
+
+
+def final_summary(intervals: Path, galleries: list[str], card: Path) -> list[str]:
+    """What the run's last log lines say: each summary group's change (fine-tune − base) with its paired interval, and
+    where the report, the failure gallery and the model card are."""
+    lines = []
+    if intervals.is_file():
+        for model, figures in json.loads(intervals.read_text()).items():
+            groups = figures.get("groups", {})
+            moved = [f"{g} {v['delta']:+.3f} [{v['low']:+.3f}, {v['high']:+.3f}]" for g, v in groups.items() if not g.endswith("_held_out")]
+            lines.append(f"{model} against the base: " + "; ".join(moved))
+    lines.append(f"report: {page_link(intervals.parent / 'benchmarks.md')}")
+    if galleries:
+        lines.append(f"failure gallery: {galleries[0]}")
+    if card.is_file():
+        lines.append(f"model card: {card}")
+    return lines
 
 
 def page_link(page: Path) -> str:

@@ -217,3 +217,23 @@ def test_the_flow_log_drops_what_a_user_cannot_act_on_and_terminal_colours():
     assert readable("[2026-12-03 07:00:00,000] [INFO] [real_accelerator.py:254:get_accelerator] Setting ds_accelerator to cpu (auto detect)") is None
     assert readable("\x1b[33mUserWarning: add type hints\x1b[0m") == "UserWarning: add type hints"
     assert readable("Running stage 'train':") == "Running stage 'train':"
+
+
+def test_a_full_runs_last_lines_give_each_groups_change_and_where_to_look(tmp_path, monkeypatch):
+    import json
+
+    import flows.c2lip as flow_module
+
+    monkeypatch.setattr(flow_module, "ROOT", tmp_path)
+    monkeypatch.setenv("C2LIP_REPORTS_URL", "http://127.0.0.1:4201")
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "intervals.json").write_text(json.dumps({"finetuned": {"groups": {
+        "binding": {"delta": 0.0047, "low": -0.0122, "high": 0.0213}, "binding_held_out": {"delta": 0.1, "low": 0.0, "high": 0.2},
+        "zero_shot": {"delta": 0.03, "low": 0.01, "high": 0.05}}}}))
+    card = tmp_path / "README.md"
+    card.write_text("card")
+    lines = flow_module.final_summary(reports / "intervals.json", ["http://127.0.0.1:4201/gallery/index.html"], card)
+    assert lines == ["finetuned against the base: binding +0.005 [-0.012, +0.021]; zero_shot +0.030 [+0.010, +0.050]",
+                     "report: http://127.0.0.1:4201/benchmarks.md", "failure gallery: http://127.0.0.1:4201/gallery/index.html",
+                     f"model card: {card}"]
