@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from components.shared.atomic import replace_folder
 from components.shared.owned_outputs import BUILD_MARKER
 from components.shared.params import BenchmarksParams, ParamsError, load_params
 from components.shared.processes import stage_process_setup
@@ -92,11 +93,7 @@ def run(params: BenchmarksParams) -> dict[str, Any]:
         raise
     (tmp / BUILD_MARKER).unlink()
     (tmp / SUITE_MARKER).write_text("written by components.benchmarks; the stage replaces this folder as a whole\n")
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.c2lip-old-", dir=out.parent))
-    if out.exists():
-        out.rename(old)  # onto the empty folder just made: rename(2) replaces an empty directory
-    tmp.rename(out)
-    shutil.rmtree(old)
+    replace_folder(tmp, out)
     stats["seconds"] = round(time.perf_counter() - started, 2)
     return stats
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +185,14 @@ def read_parquet(path: Path, **kwargs) -> pa.Table:
         return pq.read_table(path, **kwargs)
     except (pa.ArrowInvalid, OSError) as err:
         raise CorruptFileError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0][:200]})") from None
+
+
+def replace_folder(build: Path, out: Path) -> None:
+    """Swap the finished folder ``build`` in as ``out`` (a sibling) by renames: the old ``out`` is first renamed onto a
+    fresh empty hidden sibling (rename(2) replaces an empty directory), then removed. A reader never sees half of
+    either; the old folder's hidden name holds ``c2lip-old`` so a killed swap's leftover is recognisably ours."""
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.c2lip-old-", dir=out.parent))
+    if out.exists():
+        out.rename(old)
+    build.rename(out)
+    shutil.rmtree(old)

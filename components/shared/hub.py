@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from components.shared.atomic import replace_folder
 from components.shared.checkpoints import EXPORT_CONFIG, check_export
 from components.shared.model_card import CARD_FILE, HUB_ID
 
@@ -39,11 +40,7 @@ def hub_folder(export: Path, card: str, out: Path) -> Path:
                 shutil.copy2(file, build / file.name)
         (build / CARD_FILE).write_text(card)
         (build / PUBLISH_MARKER).write_text("written by `python -m components.register --publish`; it replaces this folder whole\n")
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.c2lip-old-", dir=out.parent))
-        if out.exists():
-            out.rename(old)  # onto the empty folder just made: rename(2) replaces an empty directory
-        build.rename(out)
-        shutil.rmtree(old)
+        replace_folder(build, out)
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)
         raise

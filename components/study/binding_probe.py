@@ -150,6 +150,19 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def named_models(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
+    """The study tools' repeated ``--model NAME=PATH`` as {name: path}; a malformed or repeated name is a usage error."""
+    models: dict[str, str] = {}
+    for item in items:
+        name, sep, uri = item.partition("=")
+        if not sep or not name or not uri:
+            parser.error(f"--model {item!r}: expected NAME=PATH")
+        if name in models:
+            parser.error(f"--model {item!r}: the name {name!r} is given twice (each model needs its own name)")
+        models[name] = uri
+    return models
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", action="append", required=True, metavar="NAME=PATH",
@@ -161,14 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--captions-params", type=Path, default=Path("params/captions.yaml"), help="the world the scenes come from")
     parser.add_argument("--suite-file", type=Path, default=Path("data/benchmarks/shapesworld/sugar_crepe_pp/swap_att.json"))
     args = parser.parse_args(argv)
-    models = {}
-    for item in args.model:
-        name, sep, uri = item.partition("=")
-        if not sep or not name or not uri:
-            parser.error(f"--model {item!r}: expected NAME=PATH")
-        if name in models:
-            parser.error(f"--model {item!r}: the name {name!r} is given twice (each model needs its own name)")
-        models[name] = uri
+    models = named_models(parser, args.model)
     try:
         result = run(models, args.out, args.scenes, args.shape, args.seed, args.captions_params, args.suite_file)
     except (ValueError, FileNotFoundError) as err:

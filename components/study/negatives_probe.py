@@ -95,12 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-shards", default="data/captions/test/*.tar")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
-    models = {}
-    for item in args.model:
-        name, sep, uri = item.partition("=")
-        if not sep or not name or not uri:
-            parser.error(f"--model {item!r}: expected NAME=EXPORT")
-        models[name] = uri
+    from components.study.binding_probe import named_models
+
+    models = named_models(parser, args.model)
     try:
         result = run(models, args.scenes, args.fields, args.train_shards, args.test_shards)
     except (ValueError, FileNotFoundError, KeyError) as err:
