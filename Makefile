@@ -28,7 +28,7 @@ export PATH := $(VENV)/bin:$(PATH)
 # Prefect keeps its local state (the ephemeral server's database, settings) inside the project.
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 
-.PHONY: run test install serve compare clean-data lint docs docs-serve params-reference
+.PHONY: run test install serve compare clean-data example-run lint docs docs-serve params-reference
 
 # The Prefect flow c2lip (deployment "full") once, locally: every DVC stage, DVC push, registration.
 run: $(STAMP)
@@ -78,5 +78,15 @@ $(CURDIR)/.tools/bin/uv:
 	python3 -m venv $(CURDIR)/.tools
 	$(CURDIR)/.tools/bin/pip install --quiet uv==$(UV_VERSION)
 
+# The generated data, metrics, reports and MLflow runs: only what git ignores, so the committed results (the example
+# run, the studies' reports, the base model's figures) and data/sources stay.
 clean-data:
-	rm -rf data metrics reports mlruns
+	git clean -fdX -- data metrics reports mlruns
+
+# The latest run's report (reports/benchmarks.md, .png, metrics.json, intervals.json, plots/) kept as the shipped
+# example run that the README and the docs show (reports/example-run/, committed).
+example-run:
+	@test -f reports/benchmarks.md || { echo "example-run: no reports/benchmarks.md yet: run 'make run' first" >&2; exit 1; }
+	rm -rf reports/example-run.tmp && mkdir -p reports/example-run.tmp
+	cp -r reports/benchmarks.md reports/benchmarks.png reports/metrics.json reports/intervals.json reports/plots reports/example-run.tmp/
+	rm -rf reports/example-run && mv reports/example-run.tmp reports/example-run

@@ -11,8 +11,10 @@ import mkdocs_gen_files
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "reports"
+# the shipped example run (`make example-run` keeps a run's report there): what the hand-written pages describe
+EXAMPLE = REPORTS / "example-run"
 # charts the hand-written pages show, under the site's assets/
-ASSETS = {"benchmarks.png": REPORTS / "benchmarks.png", "compare.png": REPORTS / "compare.png",
+ASSETS = {"benchmarks.png": EXAMPLE / "benchmarks.png", "compare.png": REPORTS / "compare.png",
           "compare-logits.png": REPORTS / "compare-logits.png", "base_loss.png": ROOT / "models" / "base" / "loss.png"}
 
 
@@ -24,7 +26,7 @@ def copy(source: Path, target: str) -> bool:
     return True
 
 
-def report_page(target: str, report: Path, chart: Path | None, title: str, how: str) -> None:
+def report_page(target: str, report: Path, chart: Path | None, title: str, how: str, note: str = "") -> None:
     """``report`` (markdown a stage wrote) as a page, its chart beside it; or a note saying how to make it."""
     with mkdocs_gen_files.open(target, "w") as page:
         if not report.is_file():
@@ -33,7 +35,7 @@ def report_page(target: str, report: Path, chart: Path | None, title: str, how: 
         text = report.read_text()
         source = report.relative_to(ROOT)
         lines = text.split("\n")
-        page.write(lines[0] + "\n\n" + f"*Written by the pipeline: `{source}`.*\n\n")
+        page.write(lines[0] + "\n\n" + f"*Written by the pipeline: `{source}`.{note}*\n\n")
         if chart is not None and copy(chart, str(Path(target).parent / f"{Path(target).stem}.png")):
             page.write(f"![{title}]({Path(target).stem}.png)\n\n")
         page.write("\n".join(lines[1:]))
@@ -58,9 +60,13 @@ def gallery_for(page_path: str, source: Path, prefix: str, target: str) -> None:
         page.write(text)
 
 
-report_page("results/reports/benchmarks.md", REPORTS / "benchmarks.md", REPORTS / "benchmarks.png",
-            "Benchmark report", "`make run` writes it (reports/benchmarks.md)")
-gallery_for("results/reports/benchmarks.md", REPORTS / "gallery", "gallery", "gallery")
+# a run's own report where this checkout has one, else the shipped example run's
+OWN_RUN = (REPORTS / "benchmarks.md").is_file()
+RUN = REPORTS if OWN_RUN else EXAMPLE
+report_page("results/reports/benchmarks.md", RUN / "benchmarks.md", RUN / "benchmarks.png",
+            "Benchmark report", "`make run` writes it (reports/benchmarks.md)",
+            "" if OWN_RUN else " The shipped example run; `make run` writes your own into reports/benchmarks.md.")
+gallery_for("results/reports/benchmarks.md", RUN / "gallery", "gallery", "gallery")
 report_page("results/reports/bases.md", REPORTS / "base-calibrated" / "benchmarks.md", REPORTS / "base-calibrated" / "benchmarks.png",
             "The two bases", "`python -m components.evaluate --params params/presets/evaluate-bases.yaml` writes it (reports/base-calibrated/)")
 gallery_for("results/reports/bases.md", REPORTS / "base-calibrated" / "gallery", "gallery", "bases-gallery")
