@@ -56,3 +56,17 @@ def test_a_card_for_the_hub_names_its_repository_its_licence_and_a_hub_start():
     assert 'create_model_and_transforms("hf-hub:someone/c2lip-b16")' in text and "| binding" in text and "+0.100" in text
     for local in ("models/base/export", "scratch", "../x/y", "hf-hub:not a/repo"):
         assert "base_model" not in yaml.safe_load(model_card({**facts, "init": local}).split("---\n")[1]), local
+
+
+def test_a_figure_prints_the_same_in_the_report_the_metrics_file_and_the_card():
+    """The card and MLflow read reports/metrics.json; the report formats the raw value. A value at a rounding edge
+    (0.1205004: 0.121 at three decimals, but 0.120 once rounded to five first) must print 0.121 everywhere."""
+    from components.suite import report
+
+    raw = {"base": {"retrieval": {"mean_r1": 0.0437}}, "finetuned": {"retrieval": {"mean_r1": 0.1205004}}}
+    flat = report.flat_metrics([], raw)
+    assert report._fmt(raw["finetuned"]["retrieval"]["mean_r1"]) == "0.121" == f"{flat['finetuned/retrieval/mean_r1']:.3f}"
+    card = model_card(card_facts(load_params("train")),
+                      summary={"retrieval": (flat["base/retrieval/mean_r1"], flat["finetuned/retrieval/mean_r1"])})
+    row = next(line for line in card.splitlines() if line.startswith("| retrieval"))
+    assert "| 0.044 | 0.121 | +0.077 |" in row, row

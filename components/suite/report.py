@@ -77,13 +77,15 @@ def _delta(d: float | None, interval: items.Interval | None) -> str:
 
 
 def flat_metrics(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
+    """Every metric at full precision: the card, MLflow and the registry read these and print them as the report
+    does, so a figure never shows two values (rounding 0.1205004 to 0.1205 first would print 0.120 beside 0.121)."""
     flat = {}
     for model, results in per_model.items():
         for name, metrics in results.items():
             for k, v in metrics.items():
-                flat[f"{model}/{name}/{k}"] = round(v, 5)
+                flat[f"{model}/{name}/{k}"] = float(v)
         for g, v in summarize(tasks, results).items():
-            flat[f"{model}/summary/{g}"] = round(v, 5)
+            flat[f"{model}/summary/{g}"] = float(v)
     return flat
 
 
