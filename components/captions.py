@@ -4,8 +4,9 @@
 
 Outputs under ``output_dir``:
   <split>/shard-NNNNNN.tar   jpg (the image), txt (the training caption), json (every caption field + metadata)
-  manifest.parquet           key, split, shard, one column per caption field, object_phrases (the true
-                             ones, ShapesWorld only) — later text-only stages read this, never the tars
+  manifest.parquet           key, split, shard, one column per caption field, txt (the training caption again:
+                             what concepts and train read by default), object_phrases (the true ones,
+                             ShapesWorld only) — later text-only stages read this, never the tars
   parts/                     per-shard manifest parts and done-markers (how a killed run resumes)
 plus the stats JSON (DVC metrics) and, optionally, a contact-sheet PNG.
 
@@ -102,7 +103,7 @@ def write_shard(params: CaptionsParams, plan: ShardPlan, samples: Iterable[RawSa
     tar_path, part_path, done_path = part_paths(params.output_dir, plan)
     tar_path.parent.mkdir(parents=True, exist_ok=True)
     fields = params.caption_fields()
-    columns: dict[str, list] = {"key": [], "split": [], "shard": [], **{f: [] for f in fields}, "object_phrases": []}
+    columns: dict[str, list] = {"key": [], "split": [], "shard": [], **{f: [] for f in manifest_fields(params)}, "object_phrases": []}
     skipped: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
     started = time.perf_counter()
@@ -126,6 +127,8 @@ def write_shard(params: CaptionsParams, plan: ShardPlan, samples: Iterable[RawSa
             columns["shard"].append(f"{plan.name}.tar")
             for f in fields:
                 columns[f].append(sample.captions.get(f, ""))
+            if "txt" not in fields:  # the sample's txt, as the shard holds it: what the later stages read by default
+                columns["txt"].append(sample.captions[params.caption_field])
             # the true object phrases where the source knows them (ShapesWorld): concept-quality figures
             columns["object_phrases"].append(sample.meta.get("object_phrases"))
         writer.close()
@@ -142,6 +145,14 @@ def write_shard(params: CaptionsParams, plan: ShardPlan, samples: Iterable[RawSa
     }
     atomic_write_json(done_path, stats)
     return stats
+
+
+def manifest_fields(params: CaptionsParams) -> list[str]:
+    """The manifest's caption columns: every caption field of the source, and ``txt`` — the caption each shard writes as
+    its sample's txt (``caption_field``) — so that the concepts and train stages, which read ``txt`` by default, follow
+    this stage's one ``caption_field``."""
+    fields = params.caption_fields()
+    return fields if "txt" in fields else [*fields, "txt"]
 
 
 def manifest_table(columns: dict[str, list]) -> pa.Table:
@@ -233,7 +244,7 @@ def finish(params: CaptionsParams, plans: list[ShardPlan], extra: dict[str, Any]
     if tables:
         manifest = pa.concat_tables(tables)
     else:
-        manifest = manifest_table({f: [] for f in ["key", "split", "shard", *params.caption_fields(), "object_phrases"]})
+        manifest = manifest_table({f: [] for f in ["key", "split", "shard", *manifest_fields(params), "object_phrases"]})
     atomic_write_parquet(out / "manifest.parquet", manifest)
     total = sum(written.values())
     return {

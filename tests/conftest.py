@@ -84,12 +84,17 @@ def kill_stage_midway(stage: str, cfg: dict, tmp_path: Path, finished_glob: str,
     params_file = tmp_path / f"{stage}.yaml"
     params_file.write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", f"components.{stage}", "--params", str(params_file)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + HANG_S
-    while time.time() < deadline and len(list(tmp_path.glob(finished_glob))) < at_least and proc.poll() is None:
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    log = tmp_path / f"{stage}.stderr"
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
+        deadline = time.time() + HANG_S
+        while time.time() < deadline and len(list(tmp_path.glob(finished_glob))) < at_least and proc.poll() is None:
+            time.sleep(0.02)
+        if proc.poll() is not None and proc.returncode != 0:  # it failed before the kill: say why, not "no such process"
+            pytest.fail(f"{stage} failed before it could be killed (exit {proc.returncode}):\n{log.read_text()[-2000:]}")
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
     return len(list(tmp_path.glob(finished_glob))), cmd
 
 
@@ -142,6 +147,7 @@ def concepts_manifest(tmp_path, captions, shard_size=4, object_phrases=None, cap
         "split": ["train"] * n,
         "shard": [f"train/shard-{i // shard_size:06d}.tar" for i in range(n)],
         "long": pa.array(captions, caption_type or pa.string()),
+        "txt": pa.array(captions, caption_type or pa.string()),  # the training caption, as the captions stage writes it
         "object_phrases": pa.array(object_phrases or [None] * n, pa.list_(pa.string())),
     })
     path = tmp_path / "manifest.parquet"

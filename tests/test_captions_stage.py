@@ -29,7 +29,7 @@ def test_shards_manifest_and_stats_agree(tmp_path):
     assert json.loads(params.stats_path.read_text())["samples_written"] == 80
 
     manifest = pq.read_table(params.output_dir / "manifest.parquet").to_pylist()
-    assert [list(r) for r in manifest[:1]] == [["key", "split", "shard", "long", "short", "raw", "object_phrases"]]
+    assert [list(r) for r in manifest[:1]] == [["key", "split", "shard", "long", "short", "raw", "txt", "object_phrases"]]
     assert len({r["key"] for r in manifest}) == 80
     by_key = {r["key"]: r for r in manifest}
     seen = 0
@@ -38,7 +38,8 @@ def test_shards_manifest_and_stats_agree(tmp_path):
             row = by_key[sample["__key__"]]
             meta = json.loads(sample["json"])
             assert row["shard"] == str(tar.relative_to(params.output_dir))
-            assert sample["txt"].decode() == row["short"] == meta["captions"]["short"]
+            # txt, the training caption the later stages read by default, is caption_field's in the shard and the manifest
+            assert sample["txt"].decode() == row["short"] == meta["captions"]["short"] == row["txt"]
             assert meta["captions"]["long"] == row["long"]
             assert row["object_phrases"] == meta["object_phrases"] and len(row["object_phrases"]) >= 1
             assert sample["jpg"][:2] == b"\xff\xd8"

@@ -163,7 +163,7 @@ def test_phrase_quality_counts_references_as_objects():
 
 
 def _params(tmp_path, manifest, **kw):
-    kw = {"n_process": 1, **kw}
+    kw = {"n_process": 1, "caption_field": "long", **kw}
     return ConceptsParams(manifest=manifest, output_dir=tmp_path / "concepts", stats_path=tmp_path / "concepts.json", **kw)
 
 
@@ -238,7 +238,7 @@ def test_rerun_redoes_only_unfinished_shards(tmp_path):
 def test_killed_run_resumes_to_the_same_result(tmp_path):
     manifest = _manifest(tmp_path, _sentences(1500), shard_size=100)
     cfg = {"manifest": str(manifest), "output_dir": str(tmp_path / "killed"), "stats_path": str(tmp_path / "k.json"),
-           "n_process": 1, "batch_size": 50, "quality_samples": 0}
+           "n_process": 1, "batch_size": 50, "quality_samples": 0, "caption_field": "long"}
     done, cmd = kill_stage_midway("concepts", cfg, tmp_path, "killed/train/*.parquet", 2)
     assert 2 <= done < 15, f"kill came too late to test resuming ({done} shards done)"
     assert not (tmp_path / "k.json").exists()

@@ -90,6 +90,33 @@ def test_webdataset_source_rekeys_validates_and_counts_skips(tmp_path):
     assert "a-000.tar:x3" in stats["skip_examples"]["undecodable_image"][0]
 
 
+def test_img2dataset_shards_need_the_caption_said_once(tmp_path):
+    """img2dataset stores the caption as txt: params/captions.yaml says so, and the concepts and train stages, which
+    read txt by default, follow it without a word in their own params files."""
+    from components import concepts
+    from components.shared.params import ConceptsParams, TrainDataParams
+
+    _write_tar(tmp_path / "web-000.tar", [
+        {"__key__": "000000000", "jpg": _image(), "txt": "a red square next to a blue circle",
+         "json": {"url": "https://example.org/0.jpg", "status": "success", "width": 32, "height": 32}},
+    ])
+    params = _params(tmp_path, source="webdataset", caption_field="txt", webdataset={"shards": [str(tmp_path / "web-*.tar")]})
+    run(params)
+    assert _manifest(params)[0]["txt"] == "a red square next to a blue circle"
+    assert ConceptsParams().caption_field == "txt" and TrainDataParams().caption_fields == ["txt"]
+    phrases = ConceptsParams(manifest=params.output_dir / "manifest.parquet", output_dir=tmp_path / "concepts",
+                             stats_path=tmp_path / "concepts.json", recaptions=None, n_process=1)
+    concepts.run(phrases)
+    rows = pq.read_table(tmp_path / "concepts" / "train" / "shard-000000.parquet").to_pylist()
+    assert rows[0]["phrases"] == ["a red square", "a blue circle"]
+
+
+def test_a_source_field_named_txt_keeps_one_meaning(tmp_path):
+    with pytest.raises(ValueError, match="txt is the training caption"):
+        _params(tmp_path, source="webdataset", caption_field="long",
+                webdataset={"shards": [str(tmp_path / "a-*.tar")], "caption_fields": ["txt", "long"]})
+
+
 def test_webdataset_source_without_matching_shards_is_a_clear_error(tmp_path):
     params = _params(tmp_path, source="webdataset", caption_field="txt", webdataset={"shards": [str(tmp_path / "none-*.tar")]})
     with pytest.raises(SourceError, match="none-\\*.tar.*matches no file"):

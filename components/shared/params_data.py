@@ -169,7 +169,8 @@ class CaptionsParams(Strict):
     )
     seed: int = Field(0, ge=0, description="Seed of everything random in the stage (world, held-out pairs).")
     caption_field: str = Field(
-        "long", description="The caption field written as each sample's txt (the training caption)."
+        "long", description="The caption field written as each sample's txt, the training caption: the concepts and train "
+        "stages read txt by default, so this one param picks the caption for the whole pipeline."
     )
     output_dir: Path = Field(Path("data/captions"), description="Directory of the shards and the manifest.")
     stats_path: Path = Field(Path("metrics/captions.json"), description="Stats JSON (DVC metrics).")
@@ -190,6 +191,10 @@ class CaptionsParams(Strict):
         fields = self.caption_fields()
         if self.caption_field not in fields:
             raise ValueError(f"caption_field: {self.caption_field!r} is not one of this source's fields {fields}")
+        if "txt" in fields and self.caption_field != "txt":
+            # txt is each sample's training caption, which concepts and train read by default: it has one meaning
+            raise ValueError(f"caption_field: {self.caption_field!r} with a source field named 'txt': txt is the training "
+                             f"caption the later stages read; leave 'txt' out of the source's fields, or set caption_field: txt")
         return self
 
     def caption_fields(self) -> list[str]:
@@ -264,8 +269,9 @@ class ConceptsParams(Strict):
     """The concepts stage: spaCy noun phrases of every training caption, one Parquet per manifest shard."""
 
     manifest: Path = Field(Path("data/captions/manifest.parquet"), description="The captions stage's manifest.")
-    caption_field: str = Field("long", pattern=CAPTION_FIELD_PATTERN, description="Manifest column whose captions are parsed "
-                               "(or the recaption stage's field: then read from the recaptions manifest).")
+    caption_field: str = Field("txt", pattern=CAPTION_FIELD_PATTERN, description="Manifest column whose captions are parsed: "
+                               "txt is the caption the captions stage chose (its caption_field), so one param says it for "
+                               "every stage; or a field by name, or the recaption stage's field (read from the recaptions manifest).")
     recaptions: Path | None = Field(Path("data/recaptions/manifest.parquet"), description="The recaption stage's manifest, "
                                     "joined by key when caption_field is not a column of manifest.")
     extractor: Literal["spacy", "llm"] = Field("spacy", description="spacy: noun chunks + the rules below; llm: a small "

@@ -41,9 +41,10 @@ class TrainDataParams(Strict):
         description="The concepts stage's Parquet files (key -> phrases); needed when a concept loss is on.",
     )
     caption_field: str | list[str] = Field(
-        "long",
-        description="Caption field trained on (a key of each sample's captions, or the recaption stage's field); a list "
-        "picks one of them per sample at random (seeded), as DreamLIP samples among its captions.",
+        "txt",
+        description="Caption field trained on: txt is each sample's txt, the caption the captions stage chose (its "
+        "caption_field), so one param says it for every stage; or a key of each sample's captions by name, or the recaption "
+        "stage's field; a list picks one of them per sample at random (seeded), as DreamLIP samples among its captions.",
     )
     recaptions_dir: Path | None = Field(
         Path("data/recaptions/train"),
