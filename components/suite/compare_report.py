@@ -86,7 +86,7 @@ def item_level(params: CompareParams, runs: list, tasks: list, evaluate: Any, ga
     written = []
     g = evaluate.gallery
     if pages and g.enabled:
-        written = [p.name for p in gallery.write_gallery(gallery_dir, pages, tasks, g.per_outcome, g.seed, g.thumbnail_px)]
+        written = [p.name for p in gallery.write_gallery(gallery_dir, pages, tasks, g.per_outcome, g.seed, g.thumbnail_px, g.more, g.enlarge_px)]
     return out, written
 
 
