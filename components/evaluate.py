@@ -156,7 +156,8 @@ def log_to_mlflow(params: EvaluateParams, flat: dict[str, float], out: Path, nam
 
     mlflow = use_experiment(params.mlflow_experiment)
     with mlflow.start_run(run_name=f"evaluate-{'-vs-'.join(names)}"):
-        mlflow.set_tags({"stage": "evaluate", "models": ",".join(names), "suite_fingerprint": suite_fp})
+        # report_dir: how the flow links the report it publishes to this run (components.shared.tracking.report_run)
+        mlflow.set_tags({"stage": "evaluate", "models": ",".join(names), "suite_fingerprint": suite_fp, "report_dir": str(out.resolve())})
         mlflow.log_params({k: v[:500] for k, v in flatten_params(params).items()})
         mlflow.log_metrics(flat)
         for file in REPORT_FILES:

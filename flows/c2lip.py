@@ -197,7 +197,7 @@ def full(overrides: RunOverrides | None = None, register_version: bool = True, p
     lines = [f"# c2lip full run `{name}`", "",
              f"Overrides: {md_literal(json.dumps(changes))}" if changes else "Overrides: none (the workspace's params).",
              f"Registered: `{registered['name']}` version {registered['version']} (aliases {registered['aliases']})" if registered else "Not registered.",
-             "", _report_summary(), "", f"Full report: `{ROOT / 'reports' / 'benchmarks.md'}`"]
+             "", _report_summary(), "", f"Full report: `{ROOT / 'reports' / 'benchmarks.md'}`", *_mlflow_line(ROOT / "reports")]
     create_markdown_artifact(markdown="\n".join(lines), key="c2lip-full", description="Benchmark summary of the run")
     galleries = publish_galleries(ROOT / "reports" / "gallery", "c2lip-full-gallery")
     for line in final_summary(ROOT / "reports" / "intervals.json", galleries, ROOT / "models" / "train" / "export" / "README.md"):
@@ -220,6 +220,19 @@ def final_summary(intervals: Path, galleries: list[str], card: Path) -> list[str
     if card.is_file():
         lines.append(f"model card: {card}")
     return lines
+
+
+def _mlflow_line(report_dir: Path, experiment: str | None = None) -> list[str]:
+    """The report artifact's link to the MLflow run that logged the same report, its metrics and gallery (none when
+    that run cannot be found: MLflow logging off or another tracking store)."""
+    from components.shared.tracking import report_run
+
+    try:
+        where = report_run(experiment or load_params("evaluate").mlflow_experiment, report_dir)
+    except Exception as err:  # noqa: BLE001 - a tracking store that cannot be read must not fail a finished run
+        print(f"(the report's MLflow run could not be looked up: {err})")
+        return []
+    return ["", f"The same report in MLflow, with every metric and the gallery: {where}"] if where else []
 
 
 def page_link(page: Path) -> str:
@@ -279,7 +292,7 @@ def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, bench
     params.output_dir = report_dir
     ensure_default_suite(params, dvc_repro)  # a fresh clone has no ShapesWorld suite yet: build it, do not fail on it
     flat = ev.run(params)
-    text = (params.output_dir / "benchmarks.md").read_text()
+    text = "\n".join([(params.output_dir / "benchmarks.md").read_text(), *_mlflow_line(params.output_dir, params.mlflow_experiment)])
     create_markdown_artifact(markdown=text, key=_artifact_key(f"c2lip-evaluate-{model.name}"), description=f"Benchmarks of {model.name}")
     publish_galleries(params.output_dir / "gallery", f"c2lip-evaluate-{model.name}-gallery")
     return {k: v for k, v in flat.items() if "/summary/" in k}

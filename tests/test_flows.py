@@ -237,3 +237,22 @@ def test_a_full_runs_last_lines_give_each_groups_change_and_where_to_look(tmp_pa
     assert lines == ["finetuned against the base: binding +0.005 [-0.012, +0.021]; zero_shot +0.030 [+0.010, +0.050]",
                      "report: http://127.0.0.1:4201/benchmarks.md", "failure gallery: http://127.0.0.1:4201/gallery/index.html",
                      f"model card: {card}"]
+
+
+def test_a_report_artifact_names_the_mlflow_run_that_logged_that_report(tmp_path, monkeypatch):
+    import mlflow
+
+    import flows.c2lip as flow_module
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = mlflow.create_experiment("reports-test", artifact_location=(tmp_path / "artifacts").as_uri())
+    ids = {}
+    for folder in ("a", "b"):
+        with mlflow.start_run(experiment_id=experiment) as run:
+            mlflow.set_tag("report_dir", str((tmp_path / folder).resolve()))
+            ids[folder] = run.info.run_id
+    line = flow_module._mlflow_line(tmp_path / "a", "reports-test")
+    assert ids["a"] in "".join(line) and ids["b"] not in "".join(line) and "mlflow ui" in "".join(line)
+    assert flow_module._mlflow_line(tmp_path / "c", "reports-test") == []  # no run logged that folder: no link
+    assert flow_module._mlflow_line(tmp_path / "a", "no-such-experiment") == []

@@ -8,6 +8,7 @@ experiment's artifact root) point everything at a team's server instead.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from components.shared.params import ROOT
 
@@ -36,3 +37,20 @@ def where_to_watch(tracking_uri: str, experiment_id: str, run_id: str) -> str:
         return f"MLflow run {run_id}: {tracking_uri.rstrip('/')}/{page}"
     return (f"MLflow run {run_id} (local store {tracking_uri}): `.venv/bin/mlflow ui --backend-store-uri {tracking_uri}` "
             f"serves it live at http://127.0.0.1:5000/{page}")
+
+
+def report_run(experiment: str, report_dir) -> str | None:
+    """Where the MLflow run that logged the report in ``report_dir`` is (:func:`where_to_watch`), found by the folder the
+    evaluate stage tags its run with; None when no such run is tracked (logging off, another tracking store)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(default_tracking_uri())
+    found = mlflow.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    folder = str(Path(report_dir).resolve())
+    if "'" in folder:  # not expressible in MLflow's filter syntax
+        return None
+    runs = mlflow.search_runs([found.experiment_id], filter_string=f"tags.report_dir = '{folder}'",
+                              order_by=["attributes.start_time DESC"], max_results=1, output_format="list")
+    return where_to_watch(mlflow.get_tracking_uri(), found.experiment_id, runs[0].info.run_id) if runs else None
