@@ -55,10 +55,22 @@ def card_facts(params) -> dict[str, Any]:
         "samples_seen": params.steps * params.global_batch,
         "seed": params.seed,
         "shards": list(params.data.shards),
-        "caption_field": params.data.caption_field,
+        "caption_field": _named_caption(params.data.caption_field),
         "export_dtype": params.export_dtype,
     }
     return {k: v for k, v in facts.items() if v is not None}
+
+
+def _named_caption(field: str | list[str]) -> str | list[str]:
+    """``txt`` is the caption the captions stage chose: the card says which (``txt (long)``), as params/captions.yaml does."""
+    if field != "txt":
+        return field
+    try:
+        from components.shared.params import load_params
+
+        return f"txt ({load_params('captions').caption_field})"
+    except Exception:  # noqa: BLE001 - no readable captions params here: the field as the train params name it
+        return field
 
 
 def _result(name: str, value: float, dataset: str, task: str) -> dict[str, Any]:

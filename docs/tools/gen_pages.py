@@ -96,20 +96,46 @@ for name in sorted(RUN_FOLDERS | set(PRESETS)):
     gallery_for(f"results/reports/{name}.md", folder / "compare-gallery", "compare-gallery", f"{name}-gallery")
 
 
+def example_card() -> str | None:
+    """Before a run: the card the register step writes for the default params, with the shipped example run's benchmark
+    summary (components.register.registry_card, the same code), or None when it cannot be rendered here."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    try:
+        from components.register import registry_card
+        from components.shared.params import load_params
+
+        params = load_params("registry").model_copy(update={"metrics_path": EXAMPLE / "metrics.json",
+                                                            "train_params": ROOT / "params" / "train.yaml",
+                                                            "export_dir": ROOT / "models" / "train" / "export"})
+        return registry_card(params)
+    except Exception as err:  # noqa: BLE001 - the site still builds; the page says how to make the card
+        print(f"gen_pages: the example model card could not be rendered ({err})")
+        return None
+
+
 def card_page(target: str, card: Path) -> None:
-    """The fine-tune's model card (the export's README.md) as a page: its front matter shown as YAML, then its body."""
+    """The fine-tune's model card (the export's README.md) as a page: its front matter shown as YAML, then its body;
+    before a run, the card of the default params with the shipped example run's figures."""
     with mkdocs_gen_files.open(target, "w") as page:
-        if not card.is_file():
-            page.write("# Model card\n\nNot made yet: the train stage writes it into `models/train/export/README.md` (`make run`).\n")
-            return
-        text = card.read_text()
+        note = ("*The export's model card, as the train stage wrote it: `models/train/export/README.md` "
+                "(a registered version's card adds the benchmark summary against the base).*")
+        if card.is_file():
+            text = card.read_text()
+        else:
+            text = example_card()
+            note = ("*The card `make run` registers for the default params, shown with the shipped example run's benchmark "
+                    "summary (`reports/example-run/`); your run writes its own into `models/train/export/README.md`.*")
+            if text is None:
+                page.write("# Model card\n\nNot made yet: the train stage writes it into `models/train/export/README.md` (`make run`).\n")
+                return
         front, body = ("", text)
         if text.startswith("---\n"):
             end = text.index("\n---", 4)
             front, body = text[4:end], text[end + 4:]
         lines = body.strip().split("\n")
-        page.write(lines[0] + "\n\n*The export's model card, as the train stage wrote it: `models/train/export/README.md` "
-                   "(a registered version's card adds the benchmark summary against the base).*\n\n")
+        page.write(lines[0] + "\n\n" + note + "\n\n")
         page.write("\n".join(lines[1:]) + "\n\n## Front matter (Hugging Face model-card metadata)\n\n```yaml\n" + front.strip() + "\n```\n")
 
 
