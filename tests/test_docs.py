@@ -21,7 +21,15 @@ def test_the_site_builds_strictly(tmp_path):
     for page in ("index.html", "params/index.html", "stages/concepts/index.html", "results/reports/benchmarks/index.html"):
         assert (site / page).is_file(), page
     report = (site / "results" / "reports" / "benchmarks" / "index.html").read_text()
-    assert "Benchmark report" in report and ("benchmarks.png" in report or "Not made yet" in report)
+    assert "Benchmark report" in report and "benchmarks.png" in report  # a run's own report, else the shipped example's
+    card = (site / "results" / "model-card" / "index.html").read_text()
+    assert "Not made yet" not in card and "Benchmarks against the base" in card  # before a run too: the example's card
+    if not (REPO / "models" / "train" / "export" / "README.md").is_file():
+        import json
+
+        example = json.loads((REPO / "reports" / "example-run" / "metrics.json").read_text())
+        binding = f"binding {example['base/summary/binding']:.3f} → {example['finetuned/summary/binding']:.3f}"
+        assert binding in card and "shipped example run" in card, "the page shows the example run's figures"
 
 
 def test_the_params_reference_is_what_the_schema_says():
