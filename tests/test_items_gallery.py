@@ -212,6 +212,7 @@ def test_gallery_renders_every_image_and_its_filters_match_the_tables(tmp_path):
         # "show more" reveals the next seeded sample of the same benchmark and outcome, up to what the page keeps
         page.click("#more")
         assert visible.count() == min(12, expected[name][outcome])
+        assert page.locator("#more").is_hidden() or expected[name][outcome] > 12
         assert set(visible.evaluate_all("cs => cs.map(c => c.dataset.benchmark + '|' + c.dataset.outcome)")) == {f"{name}|{outcome}"}
 
         # margins: positive exactly where a model is right; sorting orders the shown cards by them
@@ -225,16 +226,31 @@ def test_gallery_renders_every_image_and_its_filters_match_the_tables(tmp_path):
         gains = visible.evaluate_all("cs => cs.map(c => c.dataset.marginModel - c.dataset.marginReference)")
         assert gains == sorted(gains, reverse=True)
 
-        # a click on a thumbnail opens it large; a click closes it
+        # a click on a thumbnail opens it large (these pictures are smaller than a thumbnail: scaled up); a click closes it
         first = visible.first.locator(".pics img").first
-        thumb_width = first.evaluate("i => i.naturalWidth")
+        shown_width = first.evaluate("i => i.getBoundingClientRect().width")
         first.click()
         zoomed = page.locator("dialog#zoom img")
         page.wait_for_function("() => document.querySelector('dialog#zoom').open && document.querySelector('dialog#zoom img').complete")
-        assert zoomed.evaluate("i => i.naturalWidth") == 480 > thumb_width
+        assert zoomed.evaluate("i => i.getBoundingClientRect().width") >= 480 > shown_width
         page.locator("dialog#zoom").click()
         assert not page.evaluate("document.querySelector('dialog#zoom').open")
         browser.close()
+
+
+def test_a_large_picture_gets_a_large_copy_and_a_small_one_none(tmp_path):
+    big, small = tmp_path / "big.jpg", tmp_path / "small.png"
+    Image.new("RGB", (800, 600), (10, 20, 30)).save(big)
+    Image.new("RGB", (48, 32), (10, 20, 30)).save(small)
+    (tmp_path / "thumbs" / "large").mkdir(parents=True)
+    attribute = gallery._large(str(big), None, tmp_path / "thumbs", 160, 480)
+    name = attribute.split('thumbs/large/')[1].rstrip('"')
+    with Image.open(tmp_path / "thumbs" / "large" / name) as copy:
+        assert copy.size == (480, 360)
+    assert gallery._large(str(big), [0, 0, 100, 80], tmp_path / "thumbs", 160, 480) == ""  # its crop fits a thumbnail
+    assert gallery._large(str(small), None, tmp_path / "thumbs", 160, 480) == ""
+    assert gallery._large(str(big), None, tmp_path / "thumbs", 160, 0) == ""  # enlarge_px 0: no copies
+    assert len(list((tmp_path / "thumbs" / "large").iterdir())) == 1
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (Debian: apt-get install chromium); the gallery's "

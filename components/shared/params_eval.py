@@ -234,10 +234,11 @@ class GalleryParams(Strict):
     per_outcome: int = Field(24, ge=1, description="Items shown per benchmark and outcome (a seeded sample of them).")
     seed: int = Field(0, ge=0, description="Seed of the sample shown.")
     thumbnail_px: int = Field(160, ge=32, le=1024, description="Longest side of the thumbnails, in pixels.")
-    more: int = Field(2, ge=0, le=20, description="Further samples of per_outcome items per benchmark and outcome kept "
+    more: int = Field(1, ge=0, le=20, description="Further samples of per_outcome items per benchmark and outcome kept "
                       "in the page behind its 'show more' button (0: none).")
-    enlarge_px: int = Field(480, ge=0, le=2048, description="Longest side of the picture a click on a thumbnail shows "
-                            "(small crops scaled up pixel by pixel); 0: the thumbnail itself.")
+    enlarge_px: int = Field(480, ge=0, le=2048, description="Longest side of the copy a click on a thumbnail shows, written "
+                            "only for pictures larger than the thumbnail (smaller ones are shown scaled up pixel by pixel); "
+                            "0: no copies.")
 
 
 class EvaluateParams(Strict):

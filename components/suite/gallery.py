@@ -50,9 +50,8 @@ def _correct(ref: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return ref.column("correct").to_numpy(zero_copy_only=False), new.column("correct").to_numpy(zero_copy_only=False)
 
 
-def thumbnail(image: str, box: list[float] | None, folder: Path, px: int, enlarge: bool = False) -> str:
-    """The scored image (cropped to its box) at most ``px`` on its longest side, once per image and box; its name.
-    ``enlarge``: exactly ``px`` on its longest side, a small crop scaled up (nearest pixel: no invented detail)."""
+def thumbnail(image: str, box: list[float] | None, folder: Path, px: int) -> str:
+    """The scored image (cropped to its box) at most ``px`` on its longest side, once per image and box; its name."""
     name = hashlib.sha1(json.dumps([image, box]).encode()).hexdigest()[:16] + ".jpg"
     target = folder / name
     if not target.is_file():
@@ -64,11 +63,7 @@ def thumbnail(image: str, box: list[float] | None, folder: Path, px: int, enlarg
         if box is not None:
             x, y, w, h = box
             picture = picture.crop((x, y, x + w, y + h))
-        if enlarge and max(picture.size) < px:
-            scale = px / max(picture.size)
-            picture = picture.resize((max(1, round(picture.width * scale)), max(1, round(picture.height * scale))), Image.NEAREST)
-        else:
-            picture.thumbnail((px, px))
+        picture.thumbnail((px, px))
         buf = io.BytesIO()
         picture.save(buf, format="JPEG", quality=88)
         atomic_write_bytes(target, buf.getvalue())
@@ -104,14 +99,28 @@ def _shown_path(image: str) -> str:
         return path.name
 
 
+def _large(image: str, box: list[float] | None, thumbs: Path, px: int, large_px: int) -> str:
+    """The enlarged picture's attribute: a copy at ``large_px`` only where the thumbnail lost detail (the crop is larger
+    than ``px``); a small crop is shown large from its thumbnail, scaled up pixel by pixel by the page."""
+    if large_px <= px:
+        return ""
+    if box is not None:
+        width, height = box[2], box[3]
+    else:
+        with Image.open(image) as source:  # the header only
+            width, height = source.size
+    if max(width, height) <= px:
+        return ""
+    return f' data-large="thumbs/large/{thumbnail(image, box, thumbs / "large", large_px)}"'
+
+
 def _card(task: str, row: dict, new_row: dict, kind: str, page: Page, thumbs: Path, px: int, large_px: int, order: int, rank: int) -> str:
     """One item's card; ``order``: its place in the page's seeded sample, ``rank``: its place among its benchmark's and
     outcome's cards (the first ``per_outcome`` are shown, "show more" reveals the rest)."""
     boxes = row["boxes"] or [None] * len(row["images"])
     pictures = "".join(
         f'<img src="thumbs/{thumbnail(image, box, thumbs, px)}" alt="{html.escape(Path(image).name)}" title="{html.escape(_shown_path(image))}"'
-        + (f' data-large="thumbs/large/{thumbnail(image, box, thumbs / "large", large_px, enlarge=True)}"' if large_px else "") + ">"
-        for image, box in zip(row["images"], boxes, strict=True))
+        + _large(image, box, thumbs, px, large_px) + ">" for image, box in zip(row["images"], boxes, strict=True))
     texts = "".join(f'<li><span class="role">{html.escape(role)}</span> {html.escape(text)}</li>'
                     for role, text in zip(row["roles"], row["texts"], strict=True))
     scores = "".join(f"<tr><td>{html.escape(name)}</td><td>{a:.3f}</td><td>{b:.3f}</td></tr>"
@@ -133,7 +142,7 @@ def _card(task: str, row: dict, new_row: dict, kind: str, page: Page, thumbs: Pa
 
 
 def render_page(page: Page, tasks: list, thumbs: Path, per_outcome: int, seed: int, px: int, others: list[tuple[str, str]],
-                more: int = 2, large_px: int = 480) -> str:
+                more: int = 1, large_px: int = 480) -> str:
     """One page's HTML; thumbnails are written into ``thumbs`` as cards need them. Per benchmark and outcome a seeded
     sample of ``per_outcome * (1 + more)`` items is kept, the first ``per_outcome`` shown, the rest behind "show more"."""
     shown = [t for t in tasks if t.group in GALLERY_GROUPS]
@@ -173,7 +182,7 @@ def render_page(page: Page, tasks: list, thumbs: Path, per_outcome: int, seed: i
 
 
 def write_gallery(folder: Path, pages: list[Page], tasks: list, per_outcome: int = 24, seed: int = 0, px: int = 160,
-                  more: int = 2, large_px: int = 480) -> list[Path]:
+                  more: int = 1, large_px: int = 480) -> list[Path]:
     """Every page and its thumbnails into ``folder``, which must not exist yet: the callers build it inside a temporary
     folder of their own and swap it in whole (:mod:`components.shared.owned_outputs`), so a killed run leaves the old
     gallery and nothing beside it is touched."""
