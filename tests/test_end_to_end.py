@@ -149,6 +149,10 @@ def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
         table = list(csv.DictReader(io.StringIO(shown.stdout)))
         row = next(r for r in table if r.get("Experiment") == experiments.stdout.split()[0])
         assert row["params/train.yaml:steps"] == "3", row  # its params: the override
+        # and its metrics: a run's reports are not in git, so DVC keeps them in its cache for the experiment
+        column = next(c for c in row if c.endswith("finetuned/summary/zero_shot"))
+        measured = json.loads((work / "reports" / "metrics.json").read_text())["finetuned/summary/zero_shot"]
+        assert row[column] not in ("", "!", "-") and float(row[column]) == pytest.approx(measured, rel=1e-4), row
         assert (work / "reports" / "benchmarks.md").is_file() and any((work / ".dvc-remote").rglob("*"))  # pushed
 
         import mlflow
