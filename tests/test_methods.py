@@ -429,7 +429,8 @@ def test_the_compare_flow_trains_each_method_from_one_base_in_a_world_variant_an
     for group in ("compositional", "zero_shot", "retrieval"):
         assert pooled[group]["delta"] == pytest.approx(results["clic"][f"summary/{group}"] - results["hp_hn"][f"summary/{group}"], abs=1e-4)
         assert pooled[group] == seed0[group] and pooled[group]["low"] <= pooled[group]["delta"] <= pooled[group]["high"]
-    assert "## Paired differences with item-bootstrap intervals" in report and "(compare-gallery/clic.html)" in report
+    assert "## Paired differences: intervals over items and over seeds" in report and "(compare-gallery/clic.html)" in report
+    assert "| clic | over seeds |" not in report  # one seed: no interval over seeds
     page = (tmp_path / "reports" / "compare-gallery" / "clic.html").read_text()
     assert 'data-benchmark="sugarcrepe/swap_att"' in page and "hp_hn (seed 0)" in page
     assert all((runs[a] / "items" / "sugarcrepe" / "swap_att.parquet").is_file() for a in runs)
@@ -451,17 +452,35 @@ def test_samples_to_reach_swap_att_is_the_first_checkpoint_from_which_it_stays_a
     def run(values):
         return [{"step": 0, "loss": 1.0}] + [{"step": 10 * k, "track/swap_att": v, "track/zero_shot": 0.9, "track/zero_shot_held_out": 0.5,
                                                "track/retrieval": [0.2, 0.21, 0.22, 0.23, 0.24][k]} for k, v in enumerate(values)]
-    curves = {"a/seed0": ("a", run([0.5, 0.61, 0.55, 0.6, 0.7])), "a/seed1": ("a", run([0.5, 0.7, 0.65])),
-              "b/seed0": ("b", run([0.5, 0.7, 0.52]))}  # b touches 0.6 once and falls back: not reached
+    curves = {"a-s0": ("a", run([0.5, 0.61, 0.55, 0.6, 0.7])), "a-s1": ("a", run([0.5, 0.7, 0.65])),
+              "b-s0": ("b", run([0.5, 0.7, 0.52]))}  # b touches 0.6 once and falls back: not reached
     reach = samples_to_reach(curves, global_batch=4)
     assert [(r["samples"], r["retrieval"]) for r in reach["a"]] == [(120, 0.23), (40, 0.21)]  # steps 30 and 10, × 4 samples
-    assert reach["b"] == [{"run": "b/seed0", "samples": None, "auc": pytest.approx(0.605), "last_samples": 80, "final_swap_att": 0.52}]
+    assert reach["b"] == [{"run": "b-s0", "samples": None, "auc": pytest.approx(0.605), "last_samples": 80, "final_swap_att": 0.52}]
     # area: trapezoids over samples / span; seed0 (0.5, 0.61, 0.55, 0.6, 0.7) -> (0.555 + 0.58 + 0.575 + 0.65) / 4
     assert [r["auc"] for r in reach["a"]] == [pytest.approx(0.59), pytest.approx(0.6375)]
     table = "\n".join(reach_section(reach))
     # the interval over two seeds: mean 0.61375 ± t(0.975, 1) · sd / √2 = ± 12.706 · 0.0336 / 1.414
     assert "| a | 120; 40 | 40 | 0.900 (0.500) | 0.220 | 0.614 [0.312, 0.916] |" in table
     assert "| b | not reached by 80 (0.520) | not reached | – (–) | – | 0.605 |" in table
+    # against a reference: each arm's area minus the reference's in the same seed (b has seed 0 only: one difference)
+    table = "\n".join(reach_section(reach, reference="a"))
+    assert "| a | 120; 40 | 40 | 0.900 (0.500) | 0.220 | 0.614 [0.312, 0.916] | (reference) |" in table
+    assert "| b | not reached by 80 (0.520) | not reached | – (–) | – | 0.605 | +0.015 |" in table
+
+
+def test_paired_differences_get_an_interval_over_seeds_beside_the_one_over_items():
+    from components.suite.compare_report import intervals_section
+
+    item = {"delta": 0.1, "low": 0.05, "high": 0.15, "excludes_zero": True}
+    summary = {"intervals": {"b": {"pooled": {"binding": item}, "per_seed": {"0": item, "1": item}},
+                             "c": {"pooled": {"binding": item}, "per_seed": {"0": item}}},
+               "paired": {"b": {"binding": {"values": [0.3, -0.1]}}, "c": {"binding": {"values": [0.1]}}}}
+    table = "\n".join(intervals_section(summary, "a"))
+    # two seeds, mean 0.1, sd 0.2828: ± t(0.975, 1) · sd / √2 = ± 2.541 — an interval that contains 0, so no †
+    assert "| b | over seeds | +0.100 [-2.441, +2.641] |" in table
+    assert "| b | pooled | +0.100 [+0.050, +0.150]† |" in table
+    assert "| c | over seeds |" not in table  # one seed: no interval over seeds to give
 
 
 def test_negclip_negatives_are_swaps_by_default_and_the_old_mix_is_a_variant(tiny_data, tmp_path):

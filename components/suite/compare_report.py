@@ -124,7 +124,8 @@ def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, fl
             lines.append(f"| {arm} | " + " | ".join(cells) + " | " + " | ".join(deltas) + " |")
         lines.append("")
     if summary.get("reach"):
-        lines += reach_section(summary["reach"])
+        reach = {a: summary["reach"][a] for a in arms if a in summary["reach"]}  # the arms' order, also from a reread compare.json
+        lines += reach_section(reach, reference=ref)
     if summary.get("intervals"):
         lines += intervals_section(summary, ref)
     if any(descriptions.values()):
@@ -157,17 +158,29 @@ def _interval(i: dict[str, Any] | None) -> str:
     return f"{i['delta']:+.3f} [{i['low']:+.3f}, {i['high']:+.3f}]{'†' if i['excludes_zero'] else ''}"
 
 
+def _seed_interval(paired: dict[str, Any] | None) -> str:
+    """A paired difference's seeds as one interval: a training run is the unit, not an item."""
+    if not paired or len(paired.get("values", [])) < 2:
+        return "–"
+    i = over_seeds(paired["values"])
+    return _interval({"delta": i["mean"], "low": i["low"], "high": i["high"], "excludes_zero": i["low"] > 0 or i["high"] < 0})
+
+
 def intervals_section(summary: dict[str, Any], ref: str) -> list[str]:
     """Each arm − reference with a paired bootstrap interval over the benchmarks' items: pooled over seeds, then seed by seed."""
     groups = [g for g in (*GROUPS, *(f"{g}_held_out" for g in GROUPS)) if any(g in v["pooled"] for v in summary["intervals"].values())]
-    lines = ["## Paired differences with item-bootstrap intervals", "",
+    lines = ["## Paired differences: intervals over items and over seeds", "",
              f"Arm − `{ref}` on the same items, with the 95% paired bootstrap interval over items (the same item draws for both "
              "models and in every seed); *pooled*: the mean over seeds of each seed's difference, its interval from the same draws "
              "averaged. † marks an interval that excludes 0. These intervals say what the items allow for these trained models; "
-             "the ± over seeds above says how much training runs differ.", "",
+             "*over seeds*: the mean of the seeds' differences with a 95% interval over seeds (Student's t), which says how "
+             "much training runs differ.", "",
              "| arm | seed | " + " | ".join(groups) + " |", "|---|---|" + "---:|" * len(groups)]
     for arm, v in summary["intervals"].items():
         lines.append(f"| {arm} | pooled | " + " | ".join(_interval(v["pooled"].get(g)) for g in groups) + " |")
+        per_seed = summary.get("paired", {}).get(arm, {})
+        if any(len(per_seed.get(g, {}).get("values", [])) > 1 for g in groups):
+            lines.append(f"| {arm} | over seeds | " + " | ".join(_seed_interval(per_seed.get(g)) for g in groups) + " |")
         for seed, per in v["per_seed"].items():
             lines.append(f"| {arm} | {seed} | " + " | ".join(_interval(per.get(g)) for g in groups) + " |")
     if summary.get("galleries"):
@@ -279,17 +292,21 @@ def over_seeds(values: list[float]) -> dict[str, float]:
     return {"mean": mean, "low": mean - half, "high": mean + half, "seeds": n}
 
 
-def reach_section(reach: dict[str, Any], target: float = SWAP_ATT_TARGET) -> list[str]:
-    """The markdown table of :func:`samples_to_reach`: the headline of a learning-curve comparison."""
+def reach_section(reach: dict[str, Any], target: float = SWAP_ATT_TARGET, reference: str | None = None) -> list[str]:
+    """The markdown table of :func:`samples_to_reach`: the headline of a learning-curve comparison; with a
+    ``reference`` arm, each arm's area minus the reference's in the same seed as well."""
+    paired = reference in reach
     lines = [f"## Samples to reach swap_att {target}", "",
              f"On the tracking suite (SugarCrepe swap_att on its slice of the test images; chance 0.5), the first checkpoint "
              f"from which swap_att stays at or above {target} to the run's end, per seed; zero-shot (held-out pairs) and "
              "retrieval R@1 at that checkpoint, mean over the seeds that reached it. *not reached*: the run ended below it "
              "or dipped below it after its last crossing (final swap_att given).", "",
              "*area*: the mean height of the tracking swap_att curve over the run (0.5: chance throughout), mean over seeds "
-             "with a 95% interval over seeds.", "",
-             "| arm | samples to reach, per seed | median | zero-shot (held-out) there | retrieval there | area under swap_att |",
-             "|---|---|---:|---:|---:|---:|"]
+             "with a 95% interval over seeds" + (f"; *Δ area*: minus `{reference}`'s in the same seed, the interval over seeds "
+                                                 "(the count says in how many seeds it was positive)." if paired else "."), "",
+             "| arm | samples to reach, per seed | median | zero-shot (held-out) there | retrieval there | area under swap_att |"
+             + (" Δ area |" if paired else ""),
+             "|---|---|---:|---:|---:|---:|" + ("---:|" if paired else "")]
     for arm, runs in reach.items():
         per_seed = [f"{r['samples']:,}" if r["samples"] is not None else f"not reached by {r['last_samples']:,} ({r['final_swap_att']:.3f})"
                     for r in runs]
@@ -299,8 +316,24 @@ def reach_section(reach: dict[str, Any], target: float = SWAP_ATT_TARGET) -> lis
         mean = {key: [r[key] for r in reached if key in r] for key in ("zero_shot", "zero_shot_held_out", "retrieval")}
         mean = {key: f"{sum(v) / len(v):.3f}" if v else "–" for key, v in mean.items()}
         lines.append(f"| {arm} | {'; '.join(per_seed)} | {f'{median:,}' if median is not None else 'not reached'} | "
-                     f"{mean['zero_shot']} ({mean['zero_shot_held_out']}) | {mean['retrieval']} | {_area(runs)} |")
+                     f"{mean['zero_shot']} ({mean['zero_shot_held_out']}) | {mean['retrieval']} | {_area(runs)} |"
+                     + (f" {_area_delta(runs, reach[reference], arm == reference)} |" if paired else ""))
     return lines + [""]
+
+
+def _seed_of(run: dict) -> str:
+    return run["run"].rsplit("-s", 1)[-1]  # run labels are "<arm>-s<seed>"
+
+
+def _area_delta(runs: list[dict], reference: list[dict], is_reference: bool) -> str:
+    if is_reference:
+        return "(reference)"
+    ref = {_seed_of(r): r["auc"] for r in reference if r.get("auc") is not None}
+    diffs = [r["auc"] - ref[_seed_of(r)] for r in runs if r.get("auc") is not None and _seed_of(r) in ref]
+    if len(diffs) < 2:
+        return f"{diffs[0]:+.3f}" if diffs else "–"
+    i = over_seeds(diffs)
+    return f"{i['mean']:+.3f} [{i['low']:+.3f}, {i['high']:+.3f}] ({sum(d > 0 for d in diffs)}/{len(diffs)})"
 
 
 def _area(runs: list[dict]) -> str:
