@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The binding study on one GPU in about 10 minutes (docs/gpus.md "The binding study on one GPU"): the data stages
 # regenerate ShapesWorld, then params/presets/compare-binding-gpu.yaml runs (the methods from random weights and the
-# positive control from the web-like base, 3 seeds, learning curves, samples to reach swap_att 0.6).
+# positive control from the web-like base, 6 seeds, learning curves, samples to reach swap_att 0.6).
 #
 #   infra/gpu/binding.sh [WHEELS]   # on the GPU machine; WHEELS: a folder of cp312 wheels for what its Python lacks
 #   DRY_RUN=1 infra/gpu/binding.sh  # on CPU first: the same commands, 2 steps of 8 per run, one seed
