@@ -22,11 +22,13 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -274,14 +276,23 @@ def ensure_default_suite(params, build) -> bool:
     return True
 
 
+@task(cache_policy=NO_CACHE, task_run_name="evaluate {label}")
+def evaluate_stage(params, label: str) -> dict[str, float]:
+    """The evaluate stage in its own process, as `dvc repro evaluate` runs it, so its bars reach the flow's log (a line
+    per tenth) and the run's page (a progress artifact per bar) instead of the worker's stderr; its flat metrics."""
+    with tempfile.TemporaryDirectory(prefix="c2lip-evaluate-") as tmp:
+        path = Path(tmp) / "evaluate.yaml"
+        path.write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
+        run_command([sys.executable, "-m", "components.evaluate", "--params", str(path)])
+    return json.loads((params.output_dir / "metrics.json").read_text())
+
+
 @flow(name="c2lip", log_prints=True)
 def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, benchmarks: SuiteParams | None = None,
              output_dir: str = "reports/adhoc") -> dict[str, float]:
     """The benchmark suite for one model (a registered version or alias, a checkpoint, an export folder
     or an open_clip name + tag), beside an optional reference; outside DVC, under ``output_dir`` (inside the
     workspace, or a folder the worker's C2LIP_OUTSIDE_ROOTS admits)."""
-    from components import evaluate as ev
-
     report_dir = output_dir_inside(ROOT, output_dir, model.name)  # before any work
     if benchmarks is not None:  # the suite's files are read from the workspace too
         confine_paths(ROOT, benchmarks.model_dump(mode="json", exclude_unset=True), SuiteParams, "benchmarks")
@@ -291,7 +302,7 @@ def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, bench
         params.benchmarks = benchmarks
     params.output_dir = report_dir
     ensure_default_suite(params, dvc_repro)  # a fresh clone has no ShapesWorld suite yet: build it, do not fail on it
-    flat = ev.run(params)
+    flat = evaluate_stage(params, model.name)
     text = "\n".join([(params.output_dir / "benchmarks.md").read_text(), *_mlflow_line(params.output_dir, params.mlflow_experiment)])
     create_markdown_artifact(markdown=text, key=_artifact_key(f"c2lip-evaluate-{model.name}"), description=f"Benchmarks of {model.name}")
     publish_galleries(params.output_dir / "gallery", f"c2lip-evaluate-{model.name}-gallery")

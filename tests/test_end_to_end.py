@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -219,6 +220,8 @@ def test_make_serve_on_a_fresh_clone_evaluates_the_committed_base(tmp_path):
         log = (tmp_path / "serve.log").read_text()
         assert done.returncode == 0 and "Completed" in done.stdout, done.stdout + done.stderr + log[-4000:]
         assert "building it (dvc repro benchmarks)" in log and (work / "data" / "benchmarks" / "shapesworld" / SUITE_MARKER).is_file()
+        # the evaluation runs as a task whose bars reach the flow's log a tenth at a time, not the worker's stderr
+        assert re.search(r"base images: \d+/\d+ \(\d+%\), elapsed", log), log[-4000:]
         report = work / "reports" / "adhoc" / "base"
         metrics = json.loads((report / "metrics.json").read_text())
         suite = json.loads((work / "data" / "benchmarks" / "shapesworld" / "stats.json").read_text())
