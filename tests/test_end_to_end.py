@@ -227,7 +227,7 @@ def test_make_serve_on_a_fresh_clone_evaluates_the_committed_base(tmp_path):
         suite = json.loads((work / "data" / "benchmarks" / "shapesworld" / "stats.json").read_text())
         assert metrics["base/zero_shot/items"] == suite["zero_shot"]["images"] and 0 <= metrics["base/zero_shot/top1"] <= 1
         # served over http on 127.0.0.1, as the link artifacts point
-        with urllib.request.urlopen(f"http://127.0.0.1:{reports_port}/adhoc/base/benchmarks.md", timeout=30) as page:
+        with urllib.request.urlopen(f"http://127.0.0.1:{reports_port}/adhoc/base/benchmarks.md", timeout=HANG_S) as page:
             assert page.read() == (report / "benchmarks.md").read_bytes()
         # the report artifact names the MLflow run that logged the same report
         shown = subprocess.run([prefect, "artifact", "inspect", "c2lip-evaluate-base"], env={**client_env, "COLUMNS": "250"},
