@@ -59,3 +59,26 @@ def test_the_base_may_be_the_evaluate_stages_flat_metrics_of_the_base_itself(tmp
     assert table["arms"]["negclip"]["zero_shot"]["delta"] == pytest.approx(-0.1)
     assert cal.main(["--base", str(tmp_path / "metrics.json"), "--base-arm", "base", "--arms", str(tmp_path / "compare.json"),
                      "--out", str(out)]) == 2  # a model the metrics do not hold is named, as a missing arm is
+
+
+def test_two_settings_that_name_their_arms_alike_both_stay_and_an_arm_can_stand_for_a_published_method(tmp_path, capsys):
+    sweep = _report({"base": _figures([0.6], [0.4], [0.5], [0.9])})
+    short = _report({"negclip_short": _figures([0.62, 0.63, 0.64], [0.4, 0.4, 0.4], [0.5, 0.5, 0.5], [0.9, 0.9, 0.9])})
+    longer = _report({"negclip_short": _figures([0.58, 0.59, 0.57], [0.4, 0.4, 0.4], [0.5, 0.5, 0.5], [0.9, 0.9, 0.9])})
+    with pytest.raises(cal.CalibrationError, match="'negclip_short' is in two reports"):
+        cal.calibration(sweep, "base", [short, longer], tmp_path)
+    table = cal.calibration(sweep, "base", [short, longer], tmp_path, labels=[None, "4x"],
+                            published_as={"negclip_short": "negclip"})
+    assert table["arms"]["negclip_short"]["swap_att"]["delta"] == pytest.approx(0.03)
+    assert table["arms"]["negclip_short"]["swap_att"]["sign_agrees"] is True  # checked against NegCLIP's rise
+    assert table["arms"]["negclip_short@4x"]["swap_att"]["sign_agrees"] is False  # a fall disagrees with it
+    for name, report in (("sweep", sweep), ("short", short)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(report))
+    out = tmp_path / "calibration.json"
+    assert cal.main(["--base", str(tmp_path / "sweep.json"), "--base-arm", "base", "--arms", f"x={tmp_path / 'short.json'}",
+                     "--published-as", "negclip_short=negclip", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["arms"]["negclip_short@x"]["swap_att"]["sign_agrees"] is True
+    with pytest.raises(SystemExit):
+        cal.main(["--base", str(tmp_path / "sweep.json"), "--base-arm", "base", "--arms", str(tmp_path / "short.json"),
+                  "--published-as", "negclip_short=clip"])
+    assert "METHOD one of c2lip, negclip" in capsys.readouterr().err

@@ -7,7 +7,13 @@ stage's metrics.json of the base itself (``--base-arm``: its model name); each f
 as the mean over seeds with a 95% interval over seeds.
 
     python -m components.suite.calibration --base reports/base-calibrated/metrics.json --base-arm base-calibrated \\
-        --arms reports/paper-calibrated/compare.json --out reports/calibration.json
+        --arms reports/paper-calibrated/compare.json short-480=reports/paper-calibrated-short-480/compare.json \\
+        --published-as c2lip_short=c2lip negclip_short=negclip --out reports/calibration.json
+
+A report given as ``LABEL=PATH`` keys its arms ``<arm>@<LABEL>``, so two settings that name their arms alike (the same
+method on other captions or at another budget) both stay in the table. An arm is set beside the published row of its
+own name, or of the method ``--published-as ARM=METHOD`` names for it (an arm's name says what it is, not which
+paper's row it stands for).
 """
 
 from __future__ import annotations
@@ -80,28 +86,37 @@ def as_comparison(report: dict[str, Any]) -> dict[str, Any]:
     return {"arms": list(metrics), "metrics": metrics}
 
 
-def calibration(base_report: dict[str, Any], base_arm: str, arm_reports: list[dict[str, Any]], where: Path) -> dict[str, Any]:
+def calibration(base_report: dict[str, Any], base_arm: str, arm_reports: list[dict[str, Any]], where: Path,
+                labels: list[str | None] | None = None, published_as: dict[str, str] | None = None) -> dict[str, Any]:
     """``{"base": {family: figure}, "published": {...}, "arms": {arm: {family: {"delta", "low", "high", "seeds",
-    "sign_agrees"}}}}``: each arm's change against the base (mean over seeds, 95% interval over seeds)."""
+    "sign_agrees"}}}}``: each arm's change against the base (mean over seeds, 95% interval over seeds). ``labels``
+    (one per report, or None) key a report's arms ``<arm>@<label>``; ``published_as`` maps an arm to the published
+    method whose sign it is checked against (default: its own name)."""
     base_report = as_comparison(base_report)
     base = {family: sum(v) / len(v) for family, v in family_values(base_report["metrics"], base_arm, where).items()}
+    labels = labels or [None] * len(arm_reports)
+    published_as = published_as or {}
     arms: dict[str, Any] = {}
-    for report in arm_reports:
+    for report, label in zip(arm_reports, labels, strict=True):
         for arm in report["arms"]:
+            key = f"{arm}@{label}" if label else arm
+            if key in arms:
+                raise CalibrationError(f"arm {key!r} is in two reports: give one of them a label (LABEL=PATH)")
             values = family_values(report["metrics"], arm, where)
+            method = published_as.get(arm, arm)
             row = {}
             for family, seeds in values.items():
                 if family not in base:
                     continue
                 stats = over_seeds([v - base[family] for v in seeds])
-                published = PUBLISHED["arms"].get(arm, {}).get(family)
+                published = PUBLISHED["arms"].get(method, {}).get(family)
                 agrees = None
                 if published is not None:
                     # the sign agrees when the interval lies on the published side of 0 (an interval holding 0: no)
                     agrees = stats["low"] > 0 if published["sign"] > 0 else stats["high"] < 0
                 row[family] = {"delta": round(stats["mean"], 5), "low": round(stats["low"], 5), "high": round(stats["high"], 5),
                                "seeds": stats["seeds"], "sign_agrees": agrees}
-            arms[arm] = row
+            arms[key] = row
     return {"base": {k: round(v, 5) for k, v in base.items()}, "base_arm": base_arm, "published": PUBLISHED, "arms": arms}
 
 
@@ -109,12 +124,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m components.suite.calibration", description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="compare.json of the base sweep, or the evaluate stage's metrics.json of the base")
     parser.add_argument("--base-arm", required=True, help="the sweep's arm (or the evaluated model's name) that is the base")
-    parser.add_argument("--arms", type=Path, nargs="+", required=True, help="compare.json of fine-tunes from that base")
+    parser.add_argument("--arms", nargs="+", required=True, metavar="[LABEL=]PATH",
+                        help="compare.json of fine-tunes from that base; LABEL= keys its arms <arm>@LABEL")
+    parser.add_argument("--published-as", nargs="*", default=[], metavar="ARM=METHOD",
+                        help=f"check an arm against a published method's sign ({', '.join(PUBLISHED['arms'])})")
     parser.add_argument("--out", type=Path, default=Path("reports/calibration.json"))
     args = parser.parse_args(argv)
+    labels, paths = [], []
+    for entry in args.arms:
+        label, _, path = entry.partition("=") if "=" in entry else ("", "", entry)
+        labels.append(label or None)
+        paths.append(Path(path))
+    published_as = {}
+    for entry in args.published_as:
+        arm, sep, method = entry.partition("=")
+        if not sep or method not in PUBLISHED["arms"]:
+            parser.error(f"--published-as {entry!r}: expected ARM=METHOD with METHOD one of {', '.join(PUBLISHED['arms'])}")
+        published_as[arm] = method
     try:
-        reports = [json.loads(p.read_text()) for p in (args.base, *args.arms)]
-        table = calibration(reports[0], args.base_arm, reports[1:], args.base)
+        reports = [json.loads(p.read_text()) for p in (args.base, *paths)]
+        table = calibration(reports[0], args.base_arm, reports[1:], args.base, labels, published_as)
     except (OSError, json.JSONDecodeError, KeyError, CalibrationError) as err:
         print(f"calibration: {err}", file=sys.stderr)
         return 2
