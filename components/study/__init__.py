@@ -1,2 +1,3 @@
-"""Study tools beside the pipeline: the learning curves a training run tracks (tracking.py) and the binding probe
-(binding_probe.py). A library: stages call it, it never imports a stage."""
+"""Study tools beside the pipeline: the learning curves a training run tracks (tracking.py), the binding probe
+(binding_probe.py) and the probes of NegCLIP's training signal (negatives_probe.py, neighbour_probe.py). A library:
+stages call it, it never imports a stage."""

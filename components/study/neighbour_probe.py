@@ -116,13 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    text = json.dumps(result, indent=2)
-    if args.out is not None:
-        from components.shared.atomic import atomic_write_bytes
+    from components.study.probe_output import emit
 
-        atomic_write_bytes(args.out, text.encode())
-    print(text)
-    return 0
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":
