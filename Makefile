@@ -78,15 +78,16 @@ $(CURDIR)/.tools/bin/uv:
 	python3 -m venv $(CURDIR)/.tools
 	$(CURDIR)/.tools/bin/pip install --quiet uv==$(UV_VERSION)
 
-# The generated data, metrics, reports and MLflow runs: only what git ignores, so the committed results (the example
-# run, the studies' reports, the base model's figures) and data/sources stay.
+# The generated data, metrics, reports and MLflow runs (infra/clean_data.py): only the stages' own outputs that git
+# ignores, so the committed results, data/sources (your tables and shards) and your own files in reports/ stay.
 clean-data:
-	git clean -fdX -- data metrics reports mlruns
+	python3 infra/clean_data.py
 
 # The latest run's report (reports/benchmarks.md, .png, metrics.json, intervals.json, plots/) kept as the shipped
 # example run that the README and the docs show (reports/example-run/, committed).
 example-run:
 	@test -f reports/benchmarks.md || { echo "example-run: no reports/benchmarks.md yet: run 'make run' first" >&2; exit 1; }
-	rm -rf reports/example-run.tmp && mkdir -p reports/example-run.tmp
-	cp -r reports/benchmarks.md reports/benchmarks.png reports/metrics.json reports/intervals.json reports/plots reports/example-run.tmp/
-	rm -rf reports/example-run && mv reports/example-run.tmp reports/example-run
+	@# a fresh unique build folder (never a fixed name a user's folder could have), swapped in whole
+	set -e; tmp=$$(mktemp -d reports/.example-run.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; chmod 755 "$$tmp"; \
+	cp -r reports/benchmarks.md reports/benchmarks.png reports/metrics.json reports/intervals.json reports/plots "$$tmp"/; \
+	rm -rf reports/example-run && mv "$$tmp" reports/example-run

@@ -1,11 +1,14 @@
 """The two README commands' machinery: the Makefile's install stamp, and `dvc repro` of dvc.yaml."""
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import yaml
 from conftest import REPO
 
 
@@ -38,7 +41,8 @@ def _repo_with_outputs(tmp_path: Path) -> Path:
     """A git repo with the project's Makefile and .gitignore, a committed example report and a run's own outputs."""
     work = tmp_path / "repo"
     work.mkdir()
-    for name in ("Makefile", ".gitignore"):
+    for name in ("Makefile", ".gitignore", "infra/clean_data.py"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, work / name)
     files = {"reports/example-run/benchmarks.md": "shipped", "reports/calibration.json": "{}", "metrics/base.json": "{}",
              "data/sources/README.md": "mine"}
@@ -65,6 +69,46 @@ def test_a_runs_reports_are_ignored_and_clean_data_keeps_the_committed_ones(tmp_
         assert (work / name).is_file(), f"clean-data removed the committed {name}"
     for name in ("reports/benchmarks.md", "reports/gallery", "metrics/train.json", "data/captions", "mlruns"):
         assert not (work / name).exists(), f"clean-data left {name}"
+
+
+def test_clean_data_keeps_the_users_own_tables_shards_and_report_folders(tmp_path):
+    work = _repo_with_outputs(tmp_path)
+    mine = {"data/sources/my_table.csv": "url,caption", "data/sources/myshards/00000.tar": "tar",
+            "data/my_notes/plan.txt": "mine", "reports/my-analysis/notes.md": "mine", "reports/gallery/my_page.html": "mine",
+            "reports/my-compare/my_notes.md": "mine"}
+    generated = {"reports/my-compare/compare.md": "a comparison", "reports/my-compare/compare-gallery/index.html": "page",
+                 "data/evaluate_cache/model/items.parquet": "cache"}
+    for name, text in {**mine, **generated}.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(text)
+    manifest = {"files": ["compare.md", "compare-gallery/index.html", "../../data/sources/my_table.csv"]}
+    (work / "reports/my-compare/.c2lip-compare-outputs.json").write_text(json.dumps(manifest))
+    evaluated = {"files": ["benchmarks.md", "metrics.json", "gallery/index.html"]}
+    (work / "reports/.c2lip-evaluate-outputs.json").write_text(json.dumps(evaluated))
+    done = subprocess.run(["make", "clean-data"], cwd=work, capture_output=True, text=True, env={**os.environ, "UV": "/bin/true"})
+    assert done.returncode == 0, done.stderr
+    for name, text in mine.items():
+        assert (work / name).read_text() == text, f"clean-data removed the user's {name}"
+    for name in (*generated, "reports/my-compare/.c2lip-compare-outputs.json", "reports/.c2lip-evaluate-outputs.json",
+                 "reports/benchmarks.md", "reports/gallery/index.html", "data/captions"):
+        assert not (work / name).exists(), f"clean-data left the generated {name}"
+    assert "Removing data/sources" not in done.stdout and "my-analysis" not in done.stdout
+
+
+def test_clean_data_knows_every_data_and_report_output_of_dvc_yaml():
+    sys.path.insert(0, str(REPO / "infra"))
+    try:
+        import clean_data
+    finally:
+        sys.path.remove(str(REPO / "infra"))
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    outputs = [next(iter(o)) if isinstance(o, dict) else o
+               for stage in stages.values() for kind in ("outs", "metrics") for o in stage.get(kind, [])]
+    for out in outputs:
+        if out.startswith("data/"):
+            assert any(out == d or out.startswith(d + "/") for d in clean_data.PIPELINE_DATA), out
+        if out.startswith("reports/"):
+            assert out in clean_data.EVALUATE_REPORT, out
 
 
 def test_example_run_keeps_a_runs_report_as_the_shipped_one(tmp_path):
