@@ -1,6 +1,7 @@
 """Benchmark: the evaluate stage's shared encoding against encoding per benchmark, and what the per-item tables cost.
 
     python bench/evaluate.py [--model models/base/export] [--second-model models/train/export] [--repeats 1]
+    python bench/evaluate.py --throughput [--arch ViT-B-16-SigLIP] [--devices cpu cuda] [--precisions fp32 bf16]
 
 On the default ShapesWorld suite (params/evaluate.yaml; build it with `dvc repro benchmarks`), for one
 model, times (a) the stage's path — every distinct image (file + crop) and text encoded once and shared
@@ -12,6 +13,12 @@ Then, for two models as the stage runs them: the time to encode and score every 
 the time to build the per-item tables and aggregate the figures from them, to write them as Parquet, and — once for
 the pair — the paired bootstrap intervals and the failure gallery; it prints each as a share of the first
 (target: tables + Parquet ≤ 15%).
+
+``--throughput``: images/s and texts/s of the stage's encoders (the image loader as the stage runs it: workers,
+pinned memory and non-blocking copies on a GPU) per device and precision, on the suite's distinct images and texts
+(``--limit`` of each), for the export or, with ``--arch``, an open_clip architecture with random weights (no
+download: a ViT-B/16 at 224 px is what a GPU's speed means). It also checks that every device gives the CPU's figures
+in fp32 (the official scripts' precision) and prints how far bf16 moves them.
 """
 
 from __future__ import annotations
@@ -51,10 +58,17 @@ def main() -> int:
     parser.add_argument("--model", default=str(ROOT / "models" / "base" / "export"), help="export folder")
     parser.add_argument("--second-model", default=str(ROOT / "models" / "train" / "export"), help="the export compared with --model")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--throughput", action="store_true", help="images/s and texts/s per device and precision instead")
+    parser.add_argument("--arch", default=None, help="with --throughput: an open_clip architecture, random weights")
+    parser.add_argument("--devices", nargs="+", default=None, help="with --throughput: default cpu, and cuda when present")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--limit", type=int, default=2048, help="with --throughput: at most this many images and texts")
     args = parser.parse_args()
     params = load_params("evaluate", ROOT / "params" / "evaluate.yaml")
     tasks = ev.load_suite(params)
     ev.check_images(tasks)
+    if args.throughput:
+        return throughput(args, params, tasks)
     spec = EvalModelSpec(name="bench", uri=args.model)
     model, preprocess, tokenizer = ev.load_model(*ev.resolve_model(spec, params.cache_dir), spec)
     unique_images = len({r for t in tasks for r in t.images})
@@ -73,6 +87,58 @@ def main() -> int:
     print(f"shared encoding: {shared:.1f} s; per-benchmark encoding: {per:.1f} s; ratio {per / shared:.2f}x "
           f"(best of {args.repeats}; same metrics from both)")
     per_item_costs(params, tasks, {"first": args.model, "second": args.second_model})
+    return 0
+
+
+def throughput(args, params, tasks) -> int:
+    """Images/s and texts/s per device and precision; fp32 on every device must give the CPU's figures."""
+    from components.method.models import create_model
+    from components.shared.devices import place_model
+
+    devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    refs = list(dict.fromkeys(r for t in tasks for r in t.images))[:args.limit]
+    texts = list(dict.fromkeys(x for t in tasks for x in t.texts))[:args.limit]
+    if args.arch:
+        torch.manual_seed(0)
+        model, _, preprocess, tokenizer = create_model(args.arch, pretrained=None)
+        label = f"{args.arch} (random weights)"
+    else:
+        spec = EvalModelSpec(name="bench", uri=args.model)
+        model, preprocess, tokenizer = ev.load_model(*ev.resolve_model(spec, params.cache_dir), spec)
+        label = args.model
+    model.eval()
+    hardware = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{torch.get_num_threads()} CPU threads"
+    print(f"{label}: {len(refs)} images, {len(texts)} texts, image batch {params.image_batch}, text batch {params.text_batch}; "
+          f"{hardware}")
+    reference, rows = None, []
+    for device in devices:
+        for precision in args.precisions:
+            if device == "cpu" and precision != "fp32":
+                continue  # bf16/fp16 on a CPU is emulated: slower, and no user would score in it
+            place_model(model, device, precision)
+            scoring.encode_images(model, preprocess, refs[:params.image_batch], params.image_batch, params.workers, "warm-up", False)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            image_emb = scoring.encode_images(model, preprocess, refs, params.image_batch, params.workers, "images", False)
+            image_s = time.perf_counter() - start
+            start = time.perf_counter()
+            text_emb = scoring.encode_texts(model, tokenizer, texts, params.text_batch, "texts", False)
+            text_s = time.perf_counter() - start
+            if reference is None:
+                reference = (image_emb, text_emb)
+            drift = max((image_emb - reference[0]).abs().max().item(), (text_emb - reference[1]).abs().max().item())
+            rows.append((device, precision, len(refs) / image_s, len(texts) / text_s, drift))
+            if precision == "fp32" and drift > 1e-3:
+                print(f"FAIL: {device} fp32 embeddings differ from {devices[0]} fp32 by {drift:.2e} (cosine units)")
+                return 1
+    print("| device | precision | images/s | texts/s | max embedding difference from the first row |")
+    print("|---|---|---|---|---|")
+    for device, precision, ips, tps, drift in rows:
+        print(f"| {device} | {precision} | {ips:,.0f} | {tps:,.0f} | {drift:.1e} |")
+    first = rows[0]
+    for device, precision, ips, tps, _ in rows[1:]:
+        print(f"{device} {precision} against {first[0]} {first[1]}: images {ips / first[2]:.1f}x, texts {tps / first[3]:.1f}x")
     return 0
 
 

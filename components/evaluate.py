@@ -32,6 +32,7 @@ import pyarrow as pa
 import torch
 
 from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json
+from components.shared.devices import DeviceError, resolve_device
 from components.shared.owned_outputs import ForeignFilesError, OwnedOutputs
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
 from components.shared.processes import stage_process_setup
@@ -75,10 +76,12 @@ def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: Evalu
     """One model's per-item tables on the loaded suite (task name -> table), from the cache when the same weights met
     the same suite (``resolved``: :func:`resolve_model`'s answer when the caller has it)."""
     kind, where = resolved or resolve_model(spec, params.cache_dir / "downloads")
-    fp = hashlib.sha256(f"{model_fingerprint(kind, where)}:{suite_fp}".encode()).hexdigest()[:16]
+    # the precision changes the figures (in their last digits), the device does not: a CPU run's cache serves a GPU run
+    key = f"{model_fingerprint(kind, where)}:{suite_fp}" + ("" if params.precision == "fp32" else f":{params.precision}")
+    fp = hashlib.sha256(key.encode()).hexdigest()[:16]
     if (tables := results_cache.read(params.cache_dir, spec.name, fp, tasks)) is not None:  # a damaged entry is re-evaluated
         return tables
-    model, preprocess, tokenizer = load_model(kind, where, spec)
+    model, preprocess, tokenizer = load_model(kind, where, spec, resolve_device(params.device), params.precision)
     t0 = time.perf_counter()
     # quiet: a caller evaluating several models at once keeps one progress bar of its own
     tables = evaluate_shared(model, preprocess, tokenizer, tasks, params, label=spec.name, progress=not quiet)
@@ -89,6 +92,8 @@ def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: Evalu
 
 def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
     started = time.perf_counter()
+    device = resolve_device(params.device)  # before any work: a GPU this machine lacks is named at once
+    print(f"evaluate: scoring on {device} in {params.precision}", file=sys.stderr)
     if params.torch_threads:
         torch.set_num_threads(params.torch_threads)
     tasks = load_suite(params)
@@ -145,7 +150,7 @@ def write_outputs(build: Path, params: EvaluateParams, tasks, names, tables, per
                  for k, name in enumerate(names) if k > 0]
         galleries = gallery.write_gallery(build / "gallery", pages, tasks, g.per_outcome, g.seed, g.thumbnail_px, g.more, g.enlarge_px)
     report = markdown_report(tasks, per_model, names, meta, intervals, params.bootstrap.resamples,
-                             "gallery/index.html" if galleries else None)
+                             "gallery/index.html" if galleries else None, params.precision)
     atomic_write_bytes(build / "benchmarks.md", report.encode())
     atomic_write_bytes(build / "benchmarks.png", bar_chart(tasks, per_model, names, intervals))
     return galleries
@@ -174,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params("evaluate", args.params)
         flat = run(params)
-    except (ParamsError, EvaluateError, formats.BenchmarkError, CorruptFileError, UnsafeCheckpointError, ForeignFilesError) as err:
+    except (ParamsError, EvaluateError, formats.BenchmarkError, CorruptFileError, UnsafeCheckpointError, ForeignFilesError,
+            DeviceError) as err:
         print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
     print(json.dumps({k: v for k, v in flat.items() if "/summary/" in k}))

@@ -65,6 +65,7 @@ from components.shared.checkpoints import (
     save_checkpoint,
     set_rng_state,
 )
+from components.shared.devices import batch_to_model
 from components.shared.distributed import deepspeed_config, launch, prepare_deepspeed_comm, world_size_for
 from components.shared.model_card import CARD_FILE, card_facts, model_card
 from components.shared.params import ParamsError, TrainParams, flatten_params, load_params
@@ -257,7 +258,8 @@ def setup(params: TrainParams, stage: str) -> Run:
                  params.method.phrase_context)
     batches = TrainBatches(params, shards, rank, world, start_step * accumulation, transform_train, tokenizer, phrases,
                            method.make_batch, accumulation, trim_phrases=trim, neighbours=neighbours)
-    loader = DataLoader(batches, batch_size=None, num_workers=params.data.workers, persistent_workers=False)
+    # pinned batches on a GPU: the copy to the device then overlaps the step before it (non_blocking in the loop)
+    loader = DataLoader(batches, batch_size=None, num_workers=params.data.workers, persistent_workers=False, pin_memory=cuda)
 
     zero_shot = None
     if main and params.zero_shot_eval:
@@ -309,17 +311,18 @@ def loop(run: Run) -> None:
     bar = tqdm(total=params.steps, initial=run.start_step, desc=f"{run.stage} {params.method.name}", disable=not run.main, dynamic_ncols=True)
     t0, samples_done, step = time.time(), 0, run.start_step
     while step < params.steps:
-        sums: dict[str, float] = {}
+        # the step's loss terms stay on the device: reading them (.item()) waits for the GPU to finish the step, so
+        # they are read only on the steps that log, track or checkpoint (bench/train_gpu.py --sync-every-step)
+        sums: dict[str, torch.Tensor] = {}
         for _ in range(run.accumulation):
-            batch = {k: v.to(run.device, non_blocking=True) for k, v in next(run.loader_iter).items()}
+            # pixels in the model's dtype too: DeepSpeed's bf16 engine casts the weights, never the inputs
+            batch = batch_to_model(next(run.loader_iter), engine.module, non_blocking=True)
             terms = engine(**batch)
             total = sum(terms.values())
             engine.backward(total)
             engine.step()
-            for k, v in terms.items():
-                sums[k] = sums.get(k, 0.0) + v.item() / run.accumulation
-            sums["loss"] = sums.get("loss", 0.0) + total.item() / run.accumulation
-        run.losses = sums
+            for k, v in {**terms, "loss": total}.items():
+                sums[k] = sums.get(k, 0.0) + v.detach().float() / run.accumulation
         step += 1
         with torch.no_grad():  # the paper clamps the logit scale to [0, ln 100]
             engine.module.model.logit_scale.clamp_(0, max_scale)
@@ -328,18 +331,23 @@ def loop(run: Run) -> None:
         else:
             samples_done += params.global_batch
             run.throughput = samples_done / (time.time() - t0)
+        saves = step % params.checkpoint_every == 0 or step == params.steps
+        check = bool(run.zero_shot) and params.zero_shot_every and step % params.zero_shot_every == 0 and step < params.steps
+        track = run.curves is not None and saves  # (zero_shot and curves are rank 0's only)
+        logs = check or track or step % params.log_every == 0 or step == params.steps
+        if logs or saves:
+            run.losses = {k: float(v) for k, v in sums.items()}  # the host synchronisation, on these steps only
         if run.main:
             bar.update(1)
-            bar.set_postfix(loss=f"{sums['loss']:.3f}", samples_s=f"{run.throughput:.0f}")
-            check = bool(run.zero_shot) and params.zero_shot_every and step % params.zero_shot_every == 0 and step < params.steps
-            track = run.curves is not None and (step % params.checkpoint_every == 0 or step == params.steps)
-            if check or track or step % params.log_every == 0 or step == params.steps:
+            if logs:
+                losses = run.losses
+                bar.set_postfix(loss=f"{losses['loss']:.3f}", samples_s=f"{run.throughput:.0f}")
                 model = engine.module.model
                 # s and b per logged step: their trajectories are part of the diagnosis (docs/results/what-this-shows.md "What this shows")
                 logits = {"logit_scale": model.logit_scale.exp().item(),
                           **({"logit_bias": model.logit_bias.item()} if getattr(model, "logit_bias", None) is not None else {})}
-                point = {"step": step, **{k: round(v, 5) for k, v in {**sums, **logits}.items()}}
-                metrics = {**sums, "lr": run.scheduler.get_last_lr()[0], "samples_per_s": run.throughput, **logits}
+                point = {"step": step, **{k: round(v, 5) for k, v in {**losses, **logits}.items()}}
+                metrics = {**losses, "lr": run.scheduler.get_last_lr()[0], "samples_per_s": run.throughput, **logits}
                 if check:  # rank 0 evaluates; the others wait at the next collective
                     started = time.time()
                     figures = run.zero_shot(engine.module.model, run.tokenizer)
@@ -354,9 +362,9 @@ def loop(run: Run) -> None:
                     point.update(figures)
                 run.plot_points.append(point)
                 run.tracker.log_metrics(metrics, step=step)
-        if step % params.checkpoint_every == 0 or step == params.steps:
+        if saves:
             save_checkpoint(engine, run.ckpt_dir, step, run.rank, params.keep_checkpoints, run.main,
-                            figures={"losses": sums, "samples_per_s": run.throughput}, history=run.plot_points)
+                            figures={"losses": run.losses, "samples_per_s": run.throughput}, history=run.plot_points)
             if run.main:
                 atomic_write_json(params.plots_path, {"loss": run.plot_points})
     bar.close()

@@ -797,7 +797,7 @@ def test_evaluate_stage_end_to_end_on_shapesworld_with_every_kind_of_model(tmp_p
     damaged = next((tmp_path / "cache").glob("export-*/winoground.parquet"))
     damaged.write_bytes(b"not parquet")
     loaded = []
-    monkeypatch.setattr(ev, "load_model", lambda kind, where, spec: loaded.append(spec.name) or real_load(kind, where, spec))
+    monkeypatch.setattr(ev, "load_model", lambda kind, where, spec, *placed: loaded.append(spec.name) or real_load(kind, where, spec, *placed))
     assert ev.run(params, log_mlflow=False) == flat and loaded == ["export"]
 
 

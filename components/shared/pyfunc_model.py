@@ -13,10 +13,13 @@ A registered version's artifacts hold the export folder itself (``open_clip_conf
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
+
+from components.shared.devices import place_model, resolve_device, to_model
 
 EXPORT_ARTIFACT = "open_clip"  # the artifact key (and folder name) of the export inside the model
 
@@ -33,7 +36,8 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
         folder = context.artifacts[EXPORT_ARTIFACT]
         refuse_export_code(folder, "registered model")  # a text tower with its own code never runs on a "y"
         self.model, _, self.preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
-        self.model.eval()
+        # served from the GPU when the serving host has one (C2LIP_PYFUNC_DEVICE=cpu keeps it on the CPU)
+        place_model(self.model.eval(), resolve_device(os.environ.get("C2LIP_PYFUNC_DEVICE", "auto")))
         self.tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
 
     def predict(self, context, model_input, params: dict[str, Any] | None = None):
@@ -49,16 +53,16 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
         with torch.no_grad():
             if "text" in given:
                 tokens = self.tokenizer([str(t) for t in model_input["text"]])
-                features = self.model.encode_text(tokens, normalize=True)
+                features = self.model.encode_text(to_model(tokens, self.model), normalize=True)
             elif "image" in given:
                 images = []
                 for value in model_input["image"]:
                     source = io.BytesIO(value) if isinstance(value, (bytes, bytearray)) else Path(value)
                     images.append(self.preprocess(Image.open(source).convert("RGB")))
-                features = self.model.encode_image(torch.stack(images), normalize=True)
+                features = self.model.encode_image(to_model(torch.stack(images), self.model), normalize=True)
             else:
                 raise ValueError(f"input needs a 'text' or an 'image' column, got {columns}")
-        return np.asarray(features.float().numpy())
+        return np.asarray(features.float().cpu().numpy())
 
 
 def signature(export_dir: Path):

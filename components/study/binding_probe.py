@@ -64,13 +64,14 @@ def probe_scenes(count: int, shape: str, captions_params: Path) -> tuple[list, n
 def image_features(model, preprocess, images: list, batch: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """(pooled [N, D], spatial tokens flattened [N, J*D]) of the frozen image tower, L2-normalised per vector."""
     from components.method.models import image_features_and_tokens
+    from components.shared.devices import to_model
 
     pooled, tokens = [], []
     for start in range(0, len(images), batch):
         x = torch.stack([preprocess(im) for im in images[start:start + batch]])
-        p, t = image_features_and_tokens(model, x)
-        pooled.append(torch.nn.functional.normalize(p.float(), dim=-1))
-        tokens.append(torch.nn.functional.normalize(t.float(), dim=-1).flatten(1))
+        p, t = image_features_and_tokens(model, to_model(x, model))
+        pooled.append(torch.nn.functional.normalize(p.float(), dim=-1).cpu())
+        tokens.append(torch.nn.functional.normalize(t.float(), dim=-1).flatten(1).cpu())
     return torch.cat(pooled).numpy(), torch.cat(tokens).numpy()
 
 
@@ -105,7 +106,9 @@ def text_side(model, tokenizer, suite_file: Path) -> dict[str, float]:
 MIN_SCENES = 10
 
 
-def run(models: dict[str, str], out: Path, scenes: int, shape: str, seed: int, captions_params: Path, suite_file: Path) -> dict:
+def run(models: dict[str, str], out: Path, scenes: int, shape: str, seed: int, captions_params: Path, suite_file: Path,
+        device: str = "auto") -> dict:
+    from components.shared.devices import resolve_device
     from components.shared.params import EvalModelSpec
     from components.suite.model_loading import load_model, resolve_model
 
@@ -125,7 +128,7 @@ def run(models: dict[str, str], out: Path, scenes: int, shape: str, seed: int, c
               "majority_accuracy": round(float(np.bincount(labels[test]).max() / test.sum()), 4), "models": {}}
     for name, uri in models.items():
         spec = EvalModelSpec(name=name, uri=uri) if Path(uri).is_dir() else EvalModelSpec(name=name, uri=uri, arch="c2lip-tiny-rn")
-        model, preprocess, tokenizer = load_model(*resolve_model(spec, out / "downloads"), spec)
+        model, preprocess, tokenizer = load_model(*resolve_model(spec, out / "downloads"), spec, resolve_device(device))
         pooled, tokens = image_features(model, preprocess, images)
         figures = {"which_colour_pooled": fit_probe(pooled, labels, train), "which_colour_tokens": fit_probe(tokens, labels, train),
                    "colour_present_pooled": control_probe(pooled, present, train), **text_side(model, tokenizer, suite_file)}
@@ -173,10 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the 70/30 split")
     parser.add_argument("--captions-params", type=Path, default=Path("params/captions.yaml"), help="the world the scenes come from")
     parser.add_argument("--suite-file", type=Path, default=Path("data/benchmarks/shapesworld/sugar_crepe_pp/swap_att.json"))
+    parser.add_argument("--device", default="auto", help="where the models run: auto (a GPU when present), cpu, cuda or cuda:N")
     args = parser.parse_args(argv)
     models = named_models(parser, args.model)
     try:
-        result = run(models, args.out, args.scenes, args.shape, args.seed, args.captions_params, args.suite_file)
+        result = run(models, args.out, args.scenes, args.shape, args.seed, args.captions_params, args.suite_file, args.device)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

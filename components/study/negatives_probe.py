@@ -43,6 +43,7 @@ def prefers_caption(model, preprocess, tokenizer, scenes: list[tuple[bytes, dict
     from PIL import Image
 
     from components.method.batches import caption_hard_examples
+    from components.shared.devices import to_model
     from components.shared.params import HardExampleParams
 
     settings = HardExampleParams()
@@ -58,13 +59,14 @@ def prefers_caption(model, preprocess, tokenizer, scenes: list[tuple[bytes, dict
             negatives.append(swaps[0])
     if not images:
         return float("nan"), 0
-    image = model.encode_image(torch.stack(images), normalize=True)
-    caption = model.encode_text(tokenizer(captions), normalize=True)
-    negative = model.encode_text(tokenizer(negatives), normalize=True)
+    image = model.encode_image(to_model(torch.stack(images), model), normalize=True).float()
+    caption = model.encode_text(to_model(tokenizer(captions), model), normalize=True).float()
+    negative = model.encode_text(to_model(tokenizer(negatives), model), normalize=True).float()
     return float(((image * caption).sum(-1) > (image * negative).sum(-1)).float().mean()), len(images)
 
 
-def run(models: dict[str, str], scenes: int, fields: list[str], train: str, test: str) -> dict:
+def run(models: dict[str, str], scenes: int, fields: list[str], train: str, test: str, device: str = "auto") -> dict:
+    from components.shared.devices import resolve_device
     from components.shared.params import EvalModelSpec
     from components.suite.model_loading import load_model, resolve_model
 
@@ -74,7 +76,8 @@ def run(models: dict[str, str], scenes: int, fields: list[str], train: str, test
     result = {"scenes": {k: len(v) for k, v in splits.items()}, "models": {}}
     for name, uri in models.items():
         spec = EvalModelSpec(name=name, uri=uri)
-        model, preprocess, tokenizer = load_model(*resolve_model(spec, Path("data/evaluate_cache/downloads")), spec)
+        model, preprocess, tokenizer = load_model(*resolve_model(spec, Path("data/evaluate_cache/downloads")), spec,
+                                                  resolve_device(device))
         row = {}
         for split, data in splits.items():
             for field in fields:
@@ -94,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-shards", default="data/captions/train/*.tar")
     parser.add_argument("--test-shards", default="data/captions/test/*.tar")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    parser.add_argument("--device", default="auto", help="where the models run: auto (a GPU when present), cpu, cuda or cuda:N")
     args = parser.parse_args(argv)
     from components.study.binding_probe import named_models
 
     models = named_models(parser, args.model)
     try:
-        result = run(models, args.scenes, args.fields, args.train_shards, args.test_shards)
+        result = run(models, args.scenes, args.fields, args.train_shards, args.test_shards, args.device)
     except (ValueError, FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

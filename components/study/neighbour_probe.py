@@ -72,22 +72,23 @@ def scene_objects(index) -> dict[str, list[dict]]:
     return out
 
 
-def compute_table(model_uri: str, index, k: int) -> dict[str, list[str]]:
+def compute_table(model_uri: str, index, k: int, device: str = "auto") -> dict[str, list[str]]:
     """Every training image's ``k`` nearest by the model's image embedding (evaluation preprocessing)."""
     import torch
     from tqdm import tqdm
 
     from components.data.neighbours import nearest_images
+    from components.shared.devices import resolve_device, to_model
     from components.shared.params import EvalModelSpec
     from components.suite.model_loading import load_model, resolve_model
 
     spec = EvalModelSpec(name="probe", uri=model_uri)
-    model, preprocess, _ = load_model(*resolve_model(spec, Path("data/evaluate_cache/downloads")), spec)
-    embed = lambda images: model.encode_image(torch.stack([preprocess(image) for image in images]))  # noqa: E731
+    model, preprocess, _ = load_model(*resolve_model(spec, Path("data/evaluate_cache/downloads")), spec, resolve_device(device))
+    embed = lambda images: model.encode_image(to_model(torch.stack([preprocess(image) for image in images]), model)).float()  # noqa: E731
     return nearest_images(index, embed, k, progress=lambda it: tqdm(it, desc="neighbours", unit="batch", file=sys.stderr))
 
 
-def run(shards: list[str], k: int, model: str | None, neighbours: Path | None) -> dict:
+def run(shards: list[str], k: int, model: str | None, neighbours: Path | None, device: str = "auto") -> dict:
     from components.data.neighbours import ShardIndex
 
     if not shards:
@@ -96,7 +97,7 @@ def run(shards: list[str], k: int, model: str | None, neighbours: Path | None) -
     if neighbours is not None:
         table = json.loads(neighbours.read_text())["neighbours"]
     elif model is not None:
-        table = compute_table(model, index, k)
+        table = compute_table(model, index, k, device)
     else:
         raise ValueError("give --model (neighbours computed here) or --neighbours (a run's neighbours.json)")
     result = summarise(table, scene_objects(index))
@@ -110,9 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=3, help="nearest images per image (method.hard_examples.neighbour_images)")
     parser.add_argument("--train-shards", default="data/captions/train/*.tar")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    parser.add_argument("--device", default="auto", help="where the model runs: auto (a GPU when present), cpu, cuda or cuda:N")
     args = parser.parse_args(argv)
     try:
-        result = run(sorted(glob.glob(args.train_shards)), args.k, args.model, args.neighbours)
+        result = run(sorted(glob.glob(args.train_shards)), args.k, args.model, args.neighbours, args.device)
     except (ValueError, FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

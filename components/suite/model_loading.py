@@ -15,6 +15,7 @@ import torch
 
 from components.shared.atomic import CorruptFileError
 from components.shared.checkpoints import EXPORT_CONFIG, check_export, refuse_export_code  # what our exports (and MLflow-registered models) hold
+from components.shared.devices import place_model
 from components.shared.params import EvalModelSpec
 from components.shared.redact import redact
 from components.shared.safe_load import RemoteCodeRefused, load_torch_file
@@ -102,8 +103,8 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_model(kind: str, where: Any, spec: EvalModelSpec):
-    """(model in eval mode, preprocess, tokenizer)."""
+def load_model(kind: str, where: Any, spec: EvalModelSpec, device: torch.device | str = "cpu", precision: str = "fp32"):
+    """(model in eval mode on ``device`` with its weights in ``precision``, preprocess, tokenizer)."""
     import open_clip
 
     from components.method import models  # registers our tiny configs (and their timm towers)
@@ -133,4 +134,4 @@ def load_model(kind: str, where: Any, spec: EvalModelSpec):
             model, _, preprocess, tokenizer = models.create_model(arch, pretrained=tag)
         except Exception as err:  # the hub is unreachable offline; say so plainly
             raise SuiteError(f"model {spec.name!r}: open_clip cannot load {arch} / {tag}: {err}") from None
-    return model.eval(), preprocess, tokenizer
+    return place_model(model.eval(), device, precision), preprocess, tokenizer

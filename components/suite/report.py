@@ -94,7 +94,8 @@ def _fmt(v: float | None) -> str:
 
 
 def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str], meta: dict[str, Any],
-                    intervals: dict[str, dict[str, Any]] | None = None, resamples: int = 0, gallery: str | None = None) -> str:
+                    intervals: dict[str, dict[str, Any]] | None = None, resamples: int = 0, gallery: str | None = None,
+                    precision: str = "fp32") -> str:
     ref = names[0]
     intervals = intervals or {}
     head = "| benchmark | metric | items | " + " | ".join(names) + "".join(f" | Δ {n} − {ref}" for n in names[1:]) + " |"
@@ -110,6 +111,8 @@ def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, di
         "drawn in training (ShapesWorld); *seen* are the others (retrieval: those images and their captions as",
         "queries, ranked against every candidate).",
         "",
+        *([f"**Scored with the weights in {precision}**, not fp32: the figures differ from the official scripts' in their last "
+           "digits (the evaluate stage's `precision`).", ""] if precision != "fp32" else []),
         *([f"Δ cells: the difference, then its 95% paired bootstrap interval over the benchmark's items ({resamples:,} resamples of the "
            "items, the same draws for both models; retrieval resamples images with their captions); † marks an interval that excludes 0. "
            "A group's interval averages its benchmarks' draws. Method: docs/stages/evaluate.md.", ""] if intervals else []),

@@ -5,6 +5,7 @@ every benchmark that uses it, open_clip's zero-shot classifiers, and each task's
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pyarrow as pa
@@ -12,6 +13,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+from components.shared.devices import placement, to_model
 from components.shared.params import EvaluateParams
 from components.suite import formats, items
 from components.suite.loading import SuiteError
@@ -36,32 +38,51 @@ class _Images(torch.utils.data.Dataset):
         return self.preprocess(image)
 
 
+GPU_LOADER_WORKERS = 8  # a ViT-B/16 on one GPU scores ~8 decoders' worth of 224 px JPEGs
+
+
+def loader_workers(workers: int | None, on_gpu: bool) -> int:
+    """The image loader's processes: ``workers`` when given; else none on the CPU (decoding would take the cores the
+    model computes on) and up to 8 on a GPU (the CPU's only work is decoding), leaving one core to the main process."""
+    if workers is not None:
+        return workers
+    return min(GPU_LOADER_WORKERS, max((os.cpu_count() or 1) - 1, 0)) if on_gpu else 0
+
+
 @torch.no_grad()
-def encode_images(model, preprocess, refs: list[formats.ImageRef], batch: int, workers: int, desc: str, progress: bool = True) -> torch.Tensor:
-    """L2-normalised embeddings [len(refs), D], in order."""
-    loader = torch.utils.data.DataLoader(_Images(refs, preprocess), batch_size=batch, num_workers=workers)
-    out = [model.encode_image(x, normalize=True).float()
+def encode_images(model, preprocess, refs: list[formats.ImageRef], batch: int, workers: int | None, desc: str,
+                  progress: bool = True) -> torch.Tensor:
+    """L2-normalised embeddings [len(refs), D], float32 on the CPU, in order. The batches follow the model (its device
+    and dtype); on a GPU they are decoded into pinned memory and copied without blocking, so decoding the next batch
+    overlaps the model's work on this one."""
+    on_gpu = placement(model)[0].type == "cuda"
+    loader = torch.utils.data.DataLoader(_Images(refs, preprocess), batch_size=batch, num_workers=loader_workers(workers, on_gpu),
+                                         pin_memory=on_gpu)
+    # kept on the model's device until the end: one copy back, not one host synchronisation per batch
+    out = [model.encode_image(to_model(x, model, non_blocking=True), normalize=True)
            for x in tqdm(loader, desc=desc, unit="batch", file=sys.stderr, leave=False, disable=not progress)]
-    return torch.cat(out)
+    return torch.cat(out).float().cpu()
 
 
 @torch.no_grad()
 def encode_texts(model, tokenizer, texts: list[str], batch: int, desc: str, progress: bool = True) -> torch.Tensor:
-    out = [model.encode_text(tokenizer(texts[k:k + batch]), normalize=True).float()
+    """L2-normalised embeddings [len(texts), D], float32 on the CPU, in order."""
+    out = [model.encode_text(to_model(tokenizer(texts[k:k + batch]), model), normalize=True)
            for k in tqdm(range(0, len(texts), batch), desc=desc, unit="batch", file=sys.stderr, leave=False, disable=not progress)]
-    return torch.cat(out)
+    return torch.cat(out).float().cpu()
 
 
 def build_classifiers(model, tokenizer, tasks: list[formats.Task]) -> dict[str, torch.Tensor]:
     """This model's class embeddings [classes, D] per zero-shot task name (open_clip's classifier:
-    templates averaged per class). Returned, never stored on the shared tasks: see formats.Task."""
+    templates averaged per class), float32 on the CPU. Returned, never stored on the shared tasks: see formats.Task."""
     import open_clip
 
+    device = placement(model)[0]  # open_clip moves the tokens there; their dtype is the model's own (ids)
     return {
         task.name: open_clip.build_zero_shot_classifier(
             model, tokenizer, classnames=task.needs_classifier["classnames"], templates=task.needs_classifier["templates"],
-            num_classes_per_batch=16, device="cpu",
-        ).float().T
+            num_classes_per_batch=16, device=device,
+        ).float().cpu().T
         for task in tasks if task.needs_classifier is not None
     }
 

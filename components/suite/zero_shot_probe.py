@@ -11,6 +11,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
+from components.shared.devices import placement, to_model
 from components.shared.params import SHAPESWORLD_ZERO_SHOT_TEMPLATES
 
 
@@ -47,12 +48,12 @@ class ShapesWorldZeroShot:
             return {}
         was_training = model.training
         model.eval()
-        device = next(model.parameters()).device
+        device = placement(model)[0]
         classifier = open_clip.build_zero_shot_classifier(
             model, tokenizer, classnames=[f"{c} {s}" for c, s in self.classes], templates=SHAPESWORLD_ZERO_SHOT_TEMPLATES,
             num_classes_per_batch=16, device=device,
-        )
-        features = torch.cat([model.encode_image(torch.stack(self.images[i:i + 256]).to(device), normalize=True)
+        ).float()  # float32 as the features: a bf16 model's (DeepSpeed's bf16 engine) embeddings are compared in float32
+        features = torch.cat([model.encode_image(to_model(torch.stack(self.images[i:i + 256]), model), normalize=True).float()
                               for i in range(0, len(self.images), 256)])
         model.train(was_training)
         predicted = [self.classes[int(i)] for i in (features @ classifier).argmax(dim=1)]
