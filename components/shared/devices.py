@@ -65,4 +65,10 @@ def place_model(model: torch.nn.Module, device: torch.device | str = "cpu", prec
     """The model moved to ``device`` with its weights in ``precision`` (fp32, bf16, fp16), in place; returned."""
     if precision not in PRECISIONS:
         raise DeviceError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
-    return model.to(device=torch.device(device), dtype=PRECISIONS[precision])
+    device = torch.device(device)
+    if device.type == "cuda" and precision == "fp32":
+        # fp32 means fp32: cuDNN's convolutions default to TF32 (10-bit mantissa) on Ampere and later, which moves
+        # scores by ~1e-3 and flips near-tied benchmark items; scoring must give the CPU's (the official) figures
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+    return model.to(device=device, dtype=PRECISIONS[precision])
