@@ -1,7 +1,7 @@
 """Benchmark: the evaluate stage's shared encoding against encoding per benchmark, and what the per-item tables cost.
 
     python bench/evaluate.py [--model models/base/export] [--second-model models/train/export] [--repeats 1]
-    python bench/evaluate.py --throughput [--arch ViT-B-16-SigLIP] [--devices cpu cuda] [--precisions fp32 bf16]
+    python bench/evaluate.py --throughput [--arch ViT-B-16] [--devices cpu cuda] [--precisions fp32 bf16]
 
 On the default ShapesWorld suite (params/evaluate.yaml; build it with `dvc repro benchmarks`), for one
 model, times (a) the stage's path — every distinct image (file + crop) and text encoded once and shared
@@ -17,8 +17,9 @@ the pair — the paired bootstrap intervals and the failure gallery; it prints e
 ``--throughput``: images/s and texts/s of the stage's encoders (the image loader as the stage runs it: workers,
 pinned memory and non-blocking copies on a GPU) per device and precision, on the suite's distinct images and texts
 (``--limit`` of each), for the export or, with ``--arch``, an open_clip architecture with random weights (no
-download: a ViT-B/16 at 224 px is what a GPU's speed means). It also checks that every device gives the CPU's figures
-in fp32 (the official scripts' precision) and prints how far bf16 moves them.
+download: a ViT-B/16 at 224 px is what a GPU's speed means; ViT-B-16 rather than its SigLIP form, whose tokenizer
+needs the hub). It also checks that every device gives the CPU's figures in fp32 (the official scripts' precision)
+and prints how far bf16 moves them.
 """
 
 from __future__ import annotations
