@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from components.shared.atomic import CorruptFileError
+from components.shared.atomic import CorruptFileError, atomic_write_bytes
 from components.shared.checkpoints import EXPORT_CONFIG
 from components.shared.hub import PublishError
 from components.shared.model_card import CARD_FILE, HUB_ID, SUMMARY_GROUPS, card_facts, card_figures, model_card, read_front_matter
@@ -34,6 +34,7 @@ from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
 
 SUMMARY_KEYS = ("compositional", "zero_shot", "retrieval")
+MODEL_CARD_REPORT = "model-card.md"  # the registered version's card, written beside the evaluate stage's report
 
 
 class RegistryError(ValueError):
@@ -92,6 +93,9 @@ def register(params: RegistryParams, extra_tags: dict[str, str] | None = None) -
         info = log_export(params.export_dir, registered_model_name=params.model_name)
         card = registry_card(params)
         mlflow_.log_text(card, f"model_card/{CARD_FILE}")
+    # the card with its benchmark figures beside the run's report, where a user finds it (the export's own README.md
+    # is the train stage's output and keeps the training figures only)
+    atomic_write_bytes(params.metrics_path.parent / MODEL_CARD_REPORT, card.encode())
     client = mlflow.MlflowClient()
     version = str(info.registered_model_version)
     for key, value in tags.items():

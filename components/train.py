@@ -52,7 +52,16 @@ from components.method.methods import method_for
 from components.method.models import model_config, trims_phrases
 from components.method.module import TrainingModule
 from components.method.optim import build_model, calibrate_logits, lr_factor, param_groups
-from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json, fingerprint, remove_inside, write_checksums
+from components.shared.atomic import (
+    CorruptFileError,
+    atomic_write_bytes,
+    atomic_write_json,
+    fingerprint,
+    remove_inside,
+    shards_identity,
+    weights_identity,
+    write_checksums,
+)
 from components.shared.checkpoints import (
     EXPORT_CONFIG,
     HISTORY_FILE,
@@ -108,6 +117,13 @@ def preflight(params: TrainParams) -> dict[str, Any]:
         check_weights_file(Path(init))  # likewise a damaged checkpoint file
     for shard in shards:
         check_tar(shard)
+    if k := params.method.hard_examples.neighbour_images:  # before the model loads: each image needs k others
+        from components.data.neighbours import ShardIndex
+
+        images = sum("jpg" in members for _, members in ShardIndex(shards).members.values())
+        if images <= k:
+            raise ParamsError(f"method.hard_examples.neighbour_images: {k} nearest images each, but data.shards hold "
+                              f"{images} training image(s); it must be below that number")
     return config
 
 
@@ -130,7 +146,11 @@ def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
     data = params.data
     texts = sorted(Path(data.concepts_dir).glob("*.parquet")) if data.concepts_dir is not None else []
     texts += recaption_files(data.recaptions_dir, [*data.caption_fields, *filter(None, [data.single_object_caption_field])])[0]
-    return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params)}, [*stage_code("components.train"), *texts])
+    # what the run is made from, not only its names: the start weights (a rebuilt base under the same path) and the
+    # shards (rewritten under the same names) start a new run rather than resume a stale one
+    made_from = {"init": weights_identity(params.model.init), "shards": shards_identity(shards)}
+    return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params), **made_from},
+                       [*stage_code("components.train"), *texts])
 
 
 def start_mlflow(params: TrainParams, stage: str):

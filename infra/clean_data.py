@@ -26,6 +26,8 @@ PIPELINE_DATA = ("data/captions", "data/recaptions", "data/concepts", "data/benc
 # the evaluate stage's outputs in reports/ (dvc.yaml), also for a run that stopped before writing its manifest
 EVALUATE_REPORT = ("reports/benchmarks.md", "reports/benchmarks.png", "reports/metrics.json", "reports/intervals.json",
                    "reports/items", "reports/plots", "reports/gallery")
+# what registration writes beside it (components/register.py): the registered version's model card
+REGISTER_REPORT = ("reports/model-card.md",)
 STORES = ("metrics", "mlruns", "mlartifacts")
 MANIFEST_GLOB = ".c2lip-*-outputs.json"
 EVALUATE_MANIFEST = ".c2lip-evaluate-outputs.json"
@@ -81,7 +83,7 @@ def clean(root: Path) -> list[str]:
     """Remove the pipeline's generated files under ``root``; returns what was removed (relative paths, sorted)."""
     # the evaluate stage's report goes whole only when no manifest says which of its files are the stage's
     report = () if (root / "reports" / EVALUATE_MANIFEST).is_file() else EVALUATE_REPORT
-    existing = [p for p in (*PIPELINE_DATA, *STORES, *report) if (root / p).exists() or (root / p).is_symlink()]
+    existing = [p for p in (*PIPELINE_DATA, *STORES, *report, *REGISTER_REPORT) if (root / p).exists() or (root / p).is_symlink()]
     removable = _ignored_untracked(root, existing)
     manifest_files = [p for p in _manifest_files(root) if (root / p).is_file() or (root / p).is_symlink()]
     removable |= _ignored_untracked(root, manifest_files) & set(manifest_files)

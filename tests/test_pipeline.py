@@ -31,10 +31,11 @@ def test_make_installs_only_when_the_lock_or_project_changed(tmp_path):
     assert "sync --frozen" in _make_dry_run(tmp_path)  # the lock changed: install again
 
 
-def test_ci_runs_the_readme_test_command():
+def test_ci_runs_the_readme_commands_in_the_readme_order():
     readme_head = "\n".join((REPO / "README.md").read_text().splitlines()[:40])
     assert "make run" in readme_head and "make test" in readme_head
-    assert "make test" in (REPO / ".ci" / "run").read_text()
+    commands = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines() if line.strip().startswith("make ")]
+    assert commands == ["make lint", "make run", "make test"]  # what a newcomer does: run, then test
 
 
 def _repo_with_outputs(tmp_path: Path) -> Path:

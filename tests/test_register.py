@@ -52,6 +52,8 @@ def test_register_then_promote_through_the_gates(tmp_path, tracking):
     assert "C2LIP" in client.get_registered_model("c2lip-test").description
     card = mlflow.artifacts.load_text(f"runs:/{first.run_id}/model_card/README.md")
     assert card.startswith("---\nlibrary_name: open_clip") and "## How to load it" in card
+    # the same card beside the run's report, where a user looks after `make run`
+    assert (tmp_path / "model-card.md").read_text() == card and "### Benchmarks against the base" in card
 
     done = reg.promote(_params(tmp_path, {"compositional": 0.70, "zero_shot": 0.90, "retrieval": 0.50}), "challenger")
     assert done.promoted and "first champion" in done.message

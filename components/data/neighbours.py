@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from components.shared.atomic import atomic_write_json, fingerprint
+from components.shared.atomic import atomic_write_json, fingerprint, shards_identity, weights_identity
 from components.shared.devices import to_model
 
 # webdataset's rule for a member name: the key is the path up to the first dot of the file name, the rest its extension
@@ -100,14 +100,31 @@ def load_or_compute(path: Path, shards: list[str], k: int, embed: Callable, iden
     """The run's neighbours from ``path`` when it was computed for the same shards, k and start model (``identity``),
     else computed (``embed``) and written there atomically."""
     index = ShardIndex(shards)
-    key = fingerprint({"shards": [(s, Path(s).stat().st_size) for s in shards], "k": k, **identity}, [])
+    key = fingerprint({"shards": shards_identity(shards), "k": k, **identity}, [])
     if path.is_file():
-        stored = json.loads(path.read_text())
-        if stored.get("fingerprint") == key:
+        stored = stored_table(path)
+        if stored is not None and stored.get("fingerprint") == key:
             return Neighbours(index, stored["neighbours"])
     table = nearest_images(index, embed, k, progress=progress)
     atomic_write_json(path, {"fingerprint": key, "k": k, "neighbours": table})
     return Neighbours(index, table)
+
+
+def stored_table(path: Path) -> dict | None:
+    """The table ``path`` holds, or None when it is damaged (truncated, not the object this module writes): the
+    caller computes it again, as the evaluate stage does with a damaged cache entry."""
+    import sys
+
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        print(f"neighbours: {path} is unreadable ({err}); computing the table again", file=sys.stderr)
+        return None
+    table = stored.get("neighbours") if isinstance(stored, dict) else None
+    if not isinstance(table, dict) or not all(isinstance(v, list) for v in table.values()):
+        print(f"neighbours: {path} holds no table of neighbours; computing it again", file=sys.stderr)
+        return None
+    return stored
 
 
 def read_neighbours(path: Path, shards: list[str]) -> Neighbours:
@@ -140,9 +157,9 @@ def for_run(params, model, transform, shards: list[str], main: bool, barrier: Ca
 
     path = params.output_dir / NEIGHBOURS_FILE
     init = Path(params.model.init)
-    weights = sorted(init.rglob("*.safetensors")) if init.is_dir() else [init] if init.is_file() else []
-    identity = {"model": params.model.name, "init": params.model.init, "seed": params.seed if not weights else None,
-                "weights": [(w.name, w.stat().st_size) for w in weights]}
+    # the start weights by their content: a new base of the same size under the same path is another table
+    identity = {"model": params.model.name, "init": params.model.init, "seed": None if init.exists() else params.seed,
+                "weights": weights_identity(params.model.init)}
 
     def embed(images: list[Image.Image]) -> torch.Tensor:
         return embed_images(model, transform, images)

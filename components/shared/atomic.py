@@ -159,6 +159,33 @@ def write_checksums(folder: Path) -> None:
     atomic_write_json(folder / CHECKSUMS_FILE, sums)
 
 
+def weights_identity(init: str) -> list:
+    """What a run's start weights are, for its fingerprint: an export folder by its checksums file (every file's
+    SHA256, written last; a changed file without new checksums fails the export check anyway), else by its files'
+    SHA256; a weights file by its SHA256; an open_clip tag or ``scratch`` by its name (the params hold it)."""
+    path = Path(init)
+    if path.is_dir():
+        listing = path / CHECKSUMS_FILE
+        if listing.is_file():
+            return [listing.read_text()]
+        return [(p.relative_to(path).as_posix(), sha256_file(p)) for p in sorted(path.rglob("*")) if p.is_file()]
+    if path.is_file():
+        return [sha256_file(path)]
+    return [init]
+
+
+def shards_identity(shards: list[str]) -> list:
+    """What a run's shards are, for its fingerprint: each local file by name, size and modification time (a shard
+    rewritten under the same name is another shard; hashing terabytes of shards at every start is not an option),
+    a URL by its name."""
+    out = []
+    for shard in shards:
+        path = Path(shard)
+        stat = path.stat() if path.is_file() else None
+        out.append((shard, stat.st_size, stat.st_mtime_ns) if stat else (shard,))
+    return out
+
+
 def checksum_problem(folder: Path) -> str | None:
     """None when every file ``folder/_checksums.json`` lists is there with its checksum; else what is wrong,
     naming the file (a missing checksums file means the folder was never finished)."""
@@ -170,6 +197,10 @@ def checksum_problem(folder: Path) -> str | None:
         sums = json.loads(listing.read_text())
     except ValueError as err:
         return f"{listing}: unreadable ({err})"
+    if not isinstance(sums, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sums.items()):
+        return f"{listing}: not a JSON object of file names and their SHA256 (got {type(sums).__name__})"
+    if bad := next((k for k in sums if Path(k).is_absolute() or ".." in Path(k).parts), None):
+        return f"{listing}: lists {bad!r}, a path outside its folder"
     for name, expected in sums.items():
         path = folder / name
         if not path.is_file():

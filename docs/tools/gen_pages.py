@@ -96,9 +96,10 @@ for name in sorted(RUN_FOLDERS | set(PRESETS)):
     gallery_for(f"results/reports/{name}.md", folder / "compare-gallery", "compare-gallery", f"{name}-gallery")
 
 
-def example_card() -> str | None:
-    """Before a run: the card the register step writes for the default params, with the shipped example run's benchmark
-    summary (components.register.registry_card, the same code), or None when it cannot be rendered here."""
+def evaluated_card(metrics: Path) -> str | None:
+    """The card the register step writes (components.register.registry_card, the same code): the train stage's card
+    completed with the benchmark summary against the base from ``metrics`` (a run's, or the shipped example run's);
+    None when it cannot be rendered here (the page then says why)."""
     import sys
 
     sys.path.insert(0, str(ROOT))
@@ -106,27 +107,32 @@ def example_card() -> str | None:
         from components.register import registry_card
         from components.shared.params import load_params
 
-        params = load_params("registry").model_copy(update={"metrics_path": EXAMPLE / "metrics.json",
+        params = load_params("registry").model_copy(update={"metrics_path": metrics,
                                                             "train_params": ROOT / "params" / "train.yaml",
                                                             "export_dir": ROOT / "models" / "train" / "export"})
         return registry_card(params)
     except Exception as err:  # noqa: BLE001 - the site still builds; the page says how to make the card
-        print(f"gen_pages: the example model card could not be rendered ({err})")
+        print(f"gen_pages: the model card with {metrics} could not be rendered ({err})")
         return None
 
 
-def card_page(target: str, card: Path) -> None:
-    """The fine-tune's model card (the export's README.md) as a page: its front matter shown as YAML, then its body;
-    before a run, the card of the default params with the shipped example run's figures."""
+def card_page(target: str, card: Path, run_metrics: Path) -> None:
+    """The fine-tune's model card as a page, with the benchmark summary against the base as registration completes it:
+    after a run, the run's export card and its own figures; before, the card of the default params with the shipped
+    example run's figures. Its front matter is shown as YAML, then its body."""
     with mkdocs_gen_files.open(target, "w") as page:
-        note = ("*The export's model card, as the train stage wrote it: `models/train/export/README.md` "
-                "(a registered version's card adds the benchmark summary against the base).*")
-        if card.is_file():
+        text = evaluated_card(run_metrics) if card.is_file() and run_metrics.is_file() else None
+        note = ("*The model card of your run: the train stage's card (`models/train/export/README.md`) completed with the "
+                "evaluate stage's figures (`reports/metrics.json`), as registration writes it (`reports/model-card.md`, "
+                "the registered version's `model_card/README.md`).*")
+        if text is None and card.is_file():
             text = card.read_text()
-        else:
-            text = example_card()
+            note = ("*The export's model card, as the train stage wrote it: `models/train/export/README.md`; its benchmark "
+                    "summary comes with the evaluate stage's report (`dvc repro evaluate`).*")
+        if text is None:
+            text = evaluated_card(EXAMPLE / "metrics.json")
             note = ("*The card `make run` registers for the default params, shown with the shipped example run's benchmark "
-                    "summary (`reports/example-run/`); your run writes its own into `models/train/export/README.md`.*")
+                    "summary (`reports/example-run/`); your run writes its own (`reports/model-card.md`).*")
             if text is None:
                 page.write("# Model card\n\nNot made yet: the train stage writes it into `models/train/export/README.md` (`make run`).\n")
                 return
@@ -139,4 +145,4 @@ def card_page(target: str, card: Path) -> None:
         page.write("\n".join(lines[1:]) + "\n\n## Front matter (Hugging Face model-card metadata)\n\n```yaml\n" + front.strip() + "\n```\n")
 
 
-card_page("results/model-card.md", ROOT / "models" / "train" / "export" / "README.md")
+card_page("results/model-card.md", ROOT / "models" / "train" / "export" / "README.md", REPORTS / "metrics.json")

@@ -1,0 +1,104 @@
+"""Reliability, round five: each test makes the fault first (a rebuilt base, rewritten shards, a damaged neighbours
+table, a checksums file of the wrong kind, more neighbours than images) and checks what the user gets: a new run
+rather than a stale one, a recomputed table, one line naming the file and the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import yaml
+from conftest import REPO
+from test_neighbours import _solid_shard
+
+from components.data import neighbours as nb
+from components.shared.atomic import CorruptFileError, checksum_problem, weights_identity, write_checksums
+from components.shared.checkpoints import check_export
+from components.shared.params import ParamsError, validate_params
+
+
+def _train_params(tmp_path, init: str, shards: list[str], **method) -> object:
+    data = yaml.safe_load((REPO / "params" / "train.yaml").read_text())
+    concepts = tmp_path / "concepts"
+    concepts.mkdir(exist_ok=True)
+    (concepts / "x.parquet").write_bytes(b"")
+    data["data"].update(shards=shards, concepts_dir=str(concepts))
+    data["model"]["init"] = init
+    data["output_dir"] = str(tmp_path / "run")
+    data["method"].update(method)
+    return validate_params("train", data, "test")
+
+
+def test_a_rebuilt_base_or_rewritten_shards_start_a_new_run_instead_of_resuming_the_old_one(tmp_path):
+    from components.train import run_fingerprint
+
+    base = tmp_path / "base"
+    shutil.copytree(REPO / "models" / "base" / "export", base)
+    shard = _solid_shard(tmp_path / "s.tar", [(200, 0, 0), (0, 0, 200)])
+    params = _train_params(tmp_path, str(base), [shard])
+    first = run_fingerprint(params, [shard])
+    assert run_fingerprint(params, [shard]) == first  # nothing changed: the finished run is resumed
+    # the base rebuilt under the same path, its checksums rewritten (what the base stage does)
+    weights = next(base.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + bytes([weights.read_bytes()[-1] ^ 1]))
+    write_checksums(base)
+    rebuilt = run_fingerprint(params, [shard])
+    assert rebuilt != first
+    # the shard rewritten under the same name (another world, same file names)
+    _solid_shard(tmp_path / "s.tar", [(0, 200, 0), (0, 0, 200)])
+    stat = os.stat(shard)
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert run_fingerprint(params, [shard]) != rebuilt
+
+
+def test_a_same_size_new_base_is_another_neighbours_table(tmp_path):
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    one.write_bytes(b"a" * 64)
+    two.write_bytes(b"b" * 64)
+    assert weights_identity(str(one)) != weights_identity(str(two))  # same name length, same size, other weights
+    assert weights_identity("scratch") == ["scratch"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a list", "no table"])
+def test_a_damaged_neighbours_table_is_computed_again(tmp_path, damage):
+    shard = _solid_shard(tmp_path / "s.tar", [(250, 0, 0), (0, 0, 250), (200, 20, 20), (20, 20, 200)])
+    path = tmp_path / "neighbours.json"
+    import numpy as np
+    import torch
+
+    calls = []
+
+    def embed(images):
+        calls.append(len(images))
+        return torch.from_numpy(np.stack([np.asarray(i, dtype=np.float32).mean(axis=(0, 1)) - 85 for i in images]))
+
+    good = nb.load_or_compute(path, [shard], 1, embed, {"model": "m"})
+    text = path.read_text()
+    path.write_text({"truncated": text[: len(text) // 2], "a list": "[1, 2]", "no table": json.dumps({"fingerprint": "x"})}[damage])
+    calls.clear()
+    again = nb.load_or_compute(path, [shard], 1, embed, {"model": "m"})
+    assert calls and again.table == good.table  # computed again, the same table, and the file mended
+    assert json.loads(path.read_text())["neighbours"] == good.table
+
+
+def test_more_neighbours_than_images_stops_before_the_model_loads(tmp_path):
+    from components.train import preflight
+
+    shard = _solid_shard(tmp_path / "s.tar", [(250, 0, 0), (0, 0, 250), (200, 20, 20)])
+    params = _train_params(tmp_path, "scratch", [shard], name="negclip",
+                           hard_examples={"neighbour_images": 3})
+    with pytest.raises(ParamsError, match=r"neighbour_images: 3 nearest images each, but data.shards hold 3 training image"):
+        preflight(params)
+
+
+@pytest.mark.parametrize("content", ["[]", '{"a.bin": 3}', '{"../outside": "00"}'])
+def test_a_checksums_file_of_the_wrong_kind_is_named(tmp_path, content):
+    export = tmp_path / "export"
+    shutil.copytree(REPO / "models" / "base" / "export", export)
+    (export / "_checksums.json").write_text(content)
+    problem = checksum_problem(export)
+    assert problem is not None and str(export / "_checksums.json") in problem
+    with pytest.raises(CorruptFileError, match="_checksums.json"):
+        check_export(export)
