@@ -102,3 +102,45 @@ def test_a_checksums_file_of_the_wrong_kind_is_named(tmp_path, content):
     assert problem is not None and str(export / "_checksums.json") in problem
     with pytest.raises(CorruptFileError, match="_checksums.json"):
         check_export(export)
+
+
+def test_publish_copies_the_model_files_only_and_never_follows_a_link(tmp_path):
+    from components.shared.hub import PublishError, hub_folder
+
+    export = tmp_path / "export"
+    shutil.copytree(REPO / "models" / "base" / "export", export)
+    (tmp_path / "secret.txt").write_text("outside")
+    (export / ".env").write_text("HF_TOKEN=hf_secret")
+    (export / "notes.txt").write_text("mine")
+    (export / "linked.txt").symlink_to(tmp_path / "secret.txt")
+    out = hub_folder(export, "# card\n", tmp_path / "hub")
+    assert sorted(p.name for p in out.iterdir()) == [".c2lip-publish", "README.md", "open_clip_config.json", "open_clip_model.safetensors"]
+    weights = export / "open_clip_model.safetensors"
+    weights.rename(tmp_path / "w.safetensors")
+    weights.symlink_to(tmp_path / "w.safetensors")
+    with pytest.raises(PublishError, match="open_clip_model.safetensors: a symbolic link"):
+        hub_folder(export, "# card\n", tmp_path / "hub2")
+    assert not (tmp_path / "hub2").exists()
+
+
+def test_publish_to_a_link_or_under_a_file_is_refused_and_leaves_nothing(tmp_path):
+    from components.shared.hub import PublishError, hub_folder
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    (tmp_path / "file").write_text("x")
+    for out, reason in ((tmp_path / "link", "a symbolic link"), (tmp_path / "file" / "hub", "a path under a file")):
+        with pytest.raises(PublishError, match=reason):
+            hub_folder(REPO / "models" / "base" / "export", "# card\n", out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link", "real"]  # no .X.c2lip-old-* or build folder
+
+
+@pytest.mark.parametrize("repo_id", ["alice/..", "alice/model\n", "alice/" + "x" * 97, "alice/-x", "al/x--y", "a/b/c"])
+def test_a_repo_id_the_hub_would_refuse_is_refused_before_any_work(tmp_path, repo_id):
+    from components import register as reg
+    from components.shared.params import RegistryParams
+
+    params = RegistryParams(export_dir=REPO / "models" / "base" / "export", metrics_path=tmp_path / "none.json")
+    with pytest.raises(reg.RegistryError, match="not a Hub repository id"):
+        reg.publish(params, tmp_path / "hub", repo_id=repo_id)
+    assert not (tmp_path / "hub").exists()

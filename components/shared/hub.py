@@ -7,6 +7,7 @@ loads it. The register stage's ``--publish`` calls it with the card completed by
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -15,7 +16,11 @@ from components.shared.checkpoints import EXPORT_CONFIG, check_export
 from components.shared.model_card import CARD_FILE, HUB_ID
 
 PUBLISH_MARKER = ".c2lip-publish"  # in every folder this writes: the one kind of folder it may replace
-NOT_PUBLISHED = ("_checksums.json", CARD_FILE)  # our own integrity record, and the export's card (replaced by the full one)
+# What a published folder may hold, by name: open_clip's config and weights, a tokenizer's files, and the card (written
+# here). Anything else in an export folder (a `.env`, notes, our checksums) is never copied, and a link never followed.
+PUBLISHED_FILES = (EXPORT_CONFIG, "open_clip_model.safetensors", "open_clip_pytorch_model.bin", "tokenizer.json",
+                   "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt",
+                   "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 
 
 class PublishError(ValueError):
@@ -26,6 +31,10 @@ def hub_folder(export: Path, card: str, out: Path) -> Path:
     """``out`` holding the export's files and ``card`` as README.md, written whole under a temporary name then renamed
     into place. ``out`` must be new, empty, or a folder this wrote before: nothing of a user's is replaced."""
     export, out = Path(export), Path(out)
+    if out.is_symlink():
+        raise PublishError(f"{out}: a symbolic link; name a real folder (nothing was changed)")
+    if next((p for p in out.parents if p.exists() and not p.is_dir()), None) is not None:
+        raise PublishError(f"{out}: a path under a file, not a folder (nothing was changed)")
     if not (export / EXPORT_CONFIG).is_file():
         raise PublishError(f"{export}: no {EXPORT_CONFIG}; publish an export folder (the train stage's models/train/export)")
     check_export(export)  # checksums and a readable safetensors file, else the damaged file is named
@@ -35,9 +44,15 @@ def hub_folder(export: Path, card: str, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=f".{out.name}.c2lip-build-", dir=out.parent))
     try:
-        for file in sorted(export.iterdir()):
-            if file.is_file() and file.name not in NOT_PUBLISHED:
-                shutil.copy2(file, build / file.name)
+        for name in PUBLISHED_FILES:
+            file = export / name
+            if file.is_symlink():  # a link could point anywhere on this machine: its target is never uploaded
+                raise PublishError(f"{file}: a symbolic link; an export to publish holds its files themselves (nothing was changed)")
+            if file.is_file():
+                shutil.copy2(file, build / name)
+        left_out = sorted(p.name for p in export.iterdir() if p.name not in (*PUBLISHED_FILES, CARD_FILE, "_checksums.json"))
+        if left_out:
+            print(f"publish: not copied from {export} (not a model file): {', '.join(left_out)}", file=sys.stderr)
         (build / CARD_FILE).write_text(card)
         (build / PUBLISH_MARKER).write_text("written by `python -m components.register --publish`; it replaces this folder whole\n")
         replace_folder(build, out)

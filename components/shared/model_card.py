@@ -17,7 +17,10 @@ import yaml
 from components.shared.markdown_text import md_literal, md_text
 
 CARD_FILE = "README.md"
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # a Hub repository id: owner/name
+# a Hub repository id, owner/name, as the Hub allows them: letters, digits, "_", "-", "." (never two of "-." in a row,
+# never first or last), at most 96 characters each; \Z, not $: a trailing newline is not part of an id
+_HUB_PART = r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?"
+HUB_ID = re.compile(rf"^(?!.*(?:\.\.|--)){_HUB_PART}/{_HUB_PART}\Z")
 
 # The train stage's own figures that go into the card (metrics/train.json names → what the card calls them)
 TRAIN_FIGURES = {
