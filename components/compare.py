@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -46,7 +45,7 @@ from components.shared.params import (
     read_yaml,
     validate_params,
 )
-from components.shared.processes import mark_run, stage_process_setup
+from components.shared.processes import call_logged, mark_run, stage_process_setup
 from components.shared.stage_code import stage_code
 from components.suite.applicable import applicable_suite
 from components.suite.compare_report import TRAIN_COLUMNS, aggregate, chart, curves_chart, item_level, logit_chart, markdown, samples_to_reach
@@ -246,8 +245,8 @@ def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
     with open(run.dir / "train.log", "ab") as out:  # appended: a resumed run's log keeps what the killed one said
         out.write(f"\n=== compare: training {run.label} ===\n".encode())
         out.flush()
-        code = subprocess.call([sys.executable, "-m", "components.train", "--params", str(path), "--stage", f"compare-{run.arm}"],
-                               cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        code = call_logged([sys.executable, "-m", "components.train", "--params", str(path), "--stage", f"compare-{run.arm}"],
+                           out, cwd=ROOT, env=env)
     if code != 0:
         tail = (run.dir / "train.log").read_text(errors="replace").strip().splitlines()[-5:]
         raise RuntimeError(f"{run.label}: training failed (exit {code}); see {run.dir / 'train.log'}:\n  " + "\n  ".join(tail))

@@ -52,16 +52,8 @@ from components.method.methods import method_for
 from components.method.models import model_config, trims_phrases
 from components.method.module import TrainingModule
 from components.method.optim import build_model, calibrate_logits, lr_factor, param_groups
-from components.shared.atomic import (
-    CorruptFileError,
-    atomic_write_bytes,
-    atomic_write_json,
-    fingerprint,
-    remove_inside,
-    shards_identity,
-    weights_identity,
-    write_checksums,
-)
+from components.shared import atomic
+from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json, fingerprint, remove_inside, write_checksums
 from components.shared.checkpoints import (
     EXPORT_CONFIG,
     HISTORY_FILE,
@@ -118,12 +110,10 @@ def preflight(params: TrainParams) -> dict[str, Any]:
     for shard in shards:
         check_tar(shard)
     if k := params.method.hard_examples.neighbour_images:  # before the model loads: each image needs k others
-        from components.data.neighbours import ShardIndex
+        from components.data.neighbours import too_few_images
 
-        images = sum("jpg" in members for _, members in ShardIndex(shards).members.values())
-        if images <= k:
-            raise ParamsError(f"method.hard_examples.neighbour_images: {k} nearest images each, but data.shards hold "
-                              f"{images} training image(s); it must be below that number")
+        if problem := too_few_images(shards, k):
+            raise ParamsError(f"method.hard_examples.neighbour_images: {problem}")
     return config
 
 
@@ -148,7 +138,7 @@ def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
     texts += recaption_files(data.recaptions_dir, [*data.caption_fields, *filter(None, [data.single_object_caption_field])])[0]
     # what the run is made from, not only its names: the start weights (a rebuilt base under the same path) and the
     # shards (rewritten under the same names) start a new run rather than resume a stale one
-    made_from = {"init": weights_identity(params.model.init), "shards": shards_identity(shards)}
+    made_from = {"init": atomic.weights_identity(params.model.init), "shards": atomic.shards_identity(shards)}
     return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params), **made_from},
                        [*stage_code("components.train"), *texts])
 

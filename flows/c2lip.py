@@ -30,7 +30,8 @@ from typing import Any
 
 import yaml
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.artifacts import create_link_artifact
+from prefect.artifacts import create_markdown_artifact as _create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -48,6 +49,12 @@ PIPELINE = ["captions", "recaption", "concepts", "base", "train", "benchmarks", 
 # Every stage resumes (finished shards, checkpoints, cached model results), so a retry repeats no
 # finished work; base is frozen (a retry is a no-op) and train's retry resumes from its last checkpoint.
 RETRIES = {"captions": 2, "recaption": 1, "concepts": 1, "base": 0, "train": 1, "benchmarks": 1, "evaluate": 1}
+
+
+def create_markdown_artifact(markdown: str, **kwargs):
+    """Prefect's markdown artifact with every credential redacted: an artifact is stored on the Prefect server and a
+    tracking URI in it (where_to_watch, a run's report link) may carry a password."""
+    return _create_markdown_artifact(markdown=redact(markdown), **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------

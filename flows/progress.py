@@ -12,11 +12,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.shared.markdown_text import md_text
+from components.shared.redact import redact
+
 # "train c2lip:  45%|████▌     | 1350/3000 [20:00<15:00,  1.50it/s, loss=1.2]" (tqdm's default format)
 BAR = re.compile(r"^(?P<desc>.*?):?\s*(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>[\d.]+\w?)/(?P<total>[\d.]+\w?)\s*"
                  r"\[(?P<elapsed>[\d:]+)<(?P<eta>[\d:?]+)(?:,\s*(?P<rest>.*))?\]\s*$")
 TENTHS = 10
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# every terminal escape sequence, not only colours: CSI (colours, cursor), OSC (window titles, hyperlinks) and DCS/PM/APC
+# strings up to their terminator, other two-byte escapes; then any other control character but a tab
+ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[\]P^_X][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # lines a user of the flow cannot act on: DVC's advice after every stage (the flow commits and pushes itself) and
 # DeepSpeed's accelerator notice
 NOISE = re.compile(r"^(To track the changes with git, run:|\s*git add .*dvc\.lock|To enable auto staging, run:|\s*dvc config core\.autostage"
@@ -25,7 +30,7 @@ NOISE = re.compile(r"^(To track the changes with git, run:|\s*git add .*dvc\.loc
 
 def readable(line: str) -> str | None:
     """``line`` as the flow's log shows it: without terminal colour codes; None for a line of :data:`NOISE`."""
-    line = ANSI.sub("", line).rstrip()
+    line = redact(ANSI.sub("", line)).rstrip()
     return None if not line.strip() or NOISE.match(line) else line
 
 
@@ -64,8 +69,8 @@ class ProgressLog:
             self.artifacts = False  # outside a run (a test, a script): the log line is the progress
             return
         try:
-            if desc not in self._artifact:
-                self._artifact[desc] = create_progress_artifact(progress=pct, description=desc)
+            if desc not in self._artifact:  # the description is rendered as Markdown: a bar's text is made inert
+                self._artifact[desc] = create_progress_artifact(progress=pct, description=md_text(desc))
             else:
                 update_progress_artifact(self._artifact[desc], progress=pct)
         except Exception as err:  # noqa: BLE001 - the page's progress is a nicety: a failing API call never fails the stage

@@ -260,7 +260,7 @@ def test_a_rerun_appends_to_the_runs_training_log(tmp_path, monkeypatch):
     from components import compare
 
     calls = []
-    monkeypatch.setattr(compare.subprocess, "call", lambda *a, **k: calls.append(k["stdout"].write(b"line\n")) or 1)
+    monkeypatch.setattr(compare, "call_logged", lambda args, log, **k: calls.append(log.write(b"line\n")) or 1)
     run = SimpleNamespace(label="a-s0", arm="a", dir=tmp_path / "a", train=SimpleNamespace(model_dump=lambda mode: {"steps": 1}))
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "train.log").write_text("the killed run's lines\n")

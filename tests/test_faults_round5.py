@@ -144,3 +144,54 @@ def test_a_repo_id_the_hub_would_refuse_is_refused_before_any_work(tmp_path, rep
     with pytest.raises(reg.RegistryError, match="not a Hub repository id"):
         reg.publish(params, tmp_path / "hub", repo_id=repo_id)
     assert not (tmp_path / "hub").exists()
+
+
+@pytest.mark.parametrize("secret, text", [
+    ("S3cr3t", "http://alice:S3cr3t@mlflow.example.org:5000"),
+    ("pa/ss", "http://alice:pa/ss@host/x"),
+    ("p@ss", "http://alice:p@ss@host/x"),
+    ("S3cr3t", "postgresql://host/db?password=S3cr3t"),
+    ("S3cr3t", "host=db user=alice password=S3cr3t dbname=mlflow"),
+    ("abc.def-123", "Authorization: Bearer abc.def-123"),
+])
+def test_every_form_of_credential_is_redacted(secret, text):
+    from components.shared.redact import redact
+
+    assert secret not in redact(text) and ("<redacted>" in redact(text) or "***@" in redact(text))
+
+
+def test_a_tracking_uris_password_reaches_neither_the_watch_line_nor_a_childs_log(tmp_path):
+    import sys
+
+    from components.shared.processes import call_logged
+    from components.shared.tracking import where_to_watch
+
+    uri = "http://alice:S3cr3t@mlflow.example.org:5000"
+    assert "S3cr3t" not in where_to_watch(uri, "1", "abc") and "mlflow.example.org:5000/#/experiments/1/runs/abc" in where_to_watch(uri, "1", "abc")
+    with open(tmp_path / "train.log", "ab") as log:
+        code = call_logged([sys.executable, "-c", f"import sys; print('View run at: {uri}/#/x'); sys.exit(3)"], log)
+    assert code == 3 and "S3cr3t" not in (tmp_path / "train.log").read_text() and "mlflow.example.org" in (tmp_path / "train.log").read_text()
+
+
+@pytest.mark.parametrize("raw", [
+    "\x1b]0;evil title\x07train: done",                       # OSC: a window title
+    "\x1b]8;;http://evil.example\x1b\\train: done\x1b]8;;\x1b\\",  # OSC 8: a hyperlink
+    "\x1bPq#0;2;0;0;0\x1b\\train: done",                       # DCS: sixel graphics
+    "\x1bctrain: done\x1b[0m",                                # RIS (reset) and a colour
+    "train:\x08\x08 done\x9b",                                # backspaces, a C1 control
+])
+def test_the_flow_log_keeps_no_terminal_sequence(raw):
+    from flows.progress import readable
+
+    line = readable(raw)
+    assert line is not None and "\x1b" not in line and not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in line)
+    assert "train:" in line and "done" in line and "evil" not in line
+
+
+def test_the_flow_log_redacts_credentials_and_a_bar_description_is_inert_markdown():
+    from flows.progress import readable
+
+    assert "S3cr3t" not in readable("MLflow run x: http://alice:S3cr3t@host:5000/#/experiments/1")
+    from components.shared.markdown_text import md_text
+
+    assert "<img" not in md_text("<img src=x onerror=alert(1)>") and "[x](javascript" not in md_text("[x](javascript:alert(1))")

@@ -96,6 +96,12 @@ class Neighbours:
         return out
 
 
+def too_few_images(shards: list[str], k: int) -> str | None:
+    """Why ``shards`` cannot give each image ``k`` nearest others (None when they can): read from the tar headers only."""
+    images = sum("jpg" in members for _, members in ShardIndex(shards).members.values())
+    return None if images > k else f"{k} nearest images each, but data.shards hold {images} training image(s); it must be below that number"
+
+
 def load_or_compute(path: Path, shards: list[str], k: int, embed: Callable, identity: dict, progress=iter) -> Neighbours:
     """The run's neighbours from ``path`` when it was computed for the same shards, k and start model (``identity``),
     else computed (``embed``) and written there atomically."""

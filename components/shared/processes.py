@@ -161,3 +161,17 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
     except OSError:
         return False
+
+
+def call_logged(args: list[str], log, **popen) -> int:
+    """Run ``args`` with its stdout and stderr appended to the binary file ``log`` line by line, credentials redacted
+    (a tracking URI's password in a child's message never reaches the file); returns its exit status."""
+    import subprocess
+
+    from components.shared.redact import redact
+
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen) as child:
+        for raw in child.stdout:
+            log.write(redact(raw.decode(errors="replace")).encode())
+            log.flush()
+    return child.returncode

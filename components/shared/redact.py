@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import re
 
-# scheme://user[:password]@ -> scheme://***@
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
+# scheme://user[:password]@ -> scheme://***@; up to the URL's last "@", so a password holding "@" or "/" goes whole
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s'\"<>]*@")
 # the query of an http(s) URL: signatures, tokens and keys live there
 _QUERY = re.compile(r"(?P<url>\bhttps?://[^\s?#'\"]+)\?[^\s#'\"]*")
+# key=value secrets anywhere: a DSN's "password=…", another scheme's "?password=…", "token=…", "api_key=…"
+_KEY_VALUE = re.compile(r"(?i)(?P<key>\b(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|sig|signature)\s*[=:]\s*)"
+                        r"(?P<value>[^\s&;,'\"]+)")
+# "Authorization: Bearer …", "Basic …", "token …" credentials in a header or a message
+_AUTH = re.compile(r"(?i)\b(?P<kind>bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 
 
 def redact(text: str) -> str:
-    """``text`` with every URL's user name and password, and every http(s) URL's query string, replaced."""
+    """``text`` with every URL's user name and password, every http(s) URL's query string, every ``password=``-like
+    value and every Bearer/Basic credential replaced."""
     text = _USERINFO.sub(lambda m: f"{m.group('scheme')}***@", str(text))
-    return _QUERY.sub(lambda m: f"{m.group('url')}?<redacted>", text)
+    text = _QUERY.sub(lambda m: f"{m.group('url')}?<redacted>", text)
+    text = _KEY_VALUE.sub(lambda m: f"{m.group('key')}<redacted>", text)
+    return _AUTH.sub(lambda m: f"{m.group('kind')} <redacted>", text)
 
 
 def one_line(err: BaseException, limit: int = 300) -> str:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from components.shared.params import ROOT
+from components.shared.redact import redact
 
 
 def default_tracking_uri() -> str:
@@ -21,6 +22,8 @@ def use_experiment(name: str):
     """Point MLflow at the tracking URI and experiment ``name`` (created with our artifact root); returns mlflow."""
     import mlflow
 
+    # MLflow's own "View run … at: <tracking URI>" lines would print a server URI's password; where_to_watch says it
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     mlflow.set_tracking_uri(default_tracking_uri())
     if mlflow.get_experiment_by_name(name) is None:
         artifacts = os.environ.get("C2LIP_MLFLOW_ARTIFACTS") or (ROOT / "mlartifacts").as_uri()
@@ -33,9 +36,10 @@ def where_to_watch(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """One line saying where a run's live step charts are: its page on a tracking server, or for the local store the
     `mlflow ui` command that serves it (then the same page)."""
     page = f"#/experiments/{experiment_id}/runs/{run_id}"
+    uri = redact(tracking_uri)  # a server's URI may carry its user's password
     if tracking_uri.startswith(("http://", "https://")):
-        return f"MLflow run {run_id}: {tracking_uri.rstrip('/')}/{page}"
-    return (f"MLflow run {run_id} (local store {tracking_uri}): `.venv/bin/mlflow ui --backend-store-uri {tracking_uri}` "
+        return f"MLflow run {run_id}: {uri.rstrip('/')}/{page}"
+    return (f"MLflow run {run_id} (local store {uri}): `.venv/bin/mlflow ui --backend-store-uri {uri}` "
             f"serves it live at http://127.0.0.1:5000/{page}")
 
 
