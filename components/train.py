@@ -136,8 +136,7 @@ def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
     data = params.data
     texts = sorted(Path(data.concepts_dir).glob("*.parquet")) if data.concepts_dir is not None else []
     texts += recaption_files(data.recaptions_dir, [*data.caption_fields, *filter(None, [data.single_object_caption_field])])[0]
-    # what the run is made from, not only its names: the start weights (a rebuilt base under the same path) and the
-    # shards (rewritten under the same names) start a new run rather than resume a stale one
+    # what it is made from, not only names: a rebuilt base or rewritten shards start a new run, never resume a stale one
     made_from = {"init": atomic.weights_identity(params.model.init), "shards": atomic.shards_identity(shards)}
     return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params), **made_from},
                        [*stage_code("components.train"), *texts])
@@ -321,11 +320,8 @@ def loop(run: Run) -> None:
     bar = tqdm(total=params.steps, initial=run.start_step, desc=f"{run.stage} {params.method.name}", disable=not run.main, dynamic_ncols=True)
     t0, samples_done, step = time.time(), 0, run.start_step
     while step < params.steps:
-        # the step's loss terms stay on the device: reading them (.item()) waits for the GPU to finish the step, so
-        # they are read only on the steps that log, track or checkpoint (bench/train_gpu.py --sync-every-step)
-        sums: dict[str, torch.Tensor] = {}
-        for _ in range(run.accumulation):
-            # pixels in the model's dtype too: DeepSpeed's bf16 engine casts the weights, never the inputs
+        sums: dict[str, torch.Tensor] = {}  # on the device: read back (a wait for the GPU) only on logged steps, below
+        for _ in range(run.accumulation):  # pixels in the model's dtype too: DeepSpeed's bf16 engine casts only weights
             batch = batch_to_model(next(run.loader_iter), engine.module, non_blocking=True)
             terms = engine(**batch)
             total = sum(terms.values())
@@ -345,8 +341,8 @@ def loop(run: Run) -> None:
         check = bool(run.zero_shot) and params.zero_shot_every and step % params.zero_shot_every == 0 and step < params.steps
         track = run.curves is not None and saves  # (zero_shot and curves are rank 0's only)
         logs = check or track or step % params.log_every == 0 or step == params.steps
-        if logs or saves:
-            run.losses = {k: float(v) for k, v in sums.items()}  # the host synchronisation, on these steps only
+        if logs or saves:  # the one host synchronisation of a step (bench/train_gpu.py --levers sync-every-step)
+            run.losses = {k: float(v) for k, v in sums.items()}
         if run.main:
             bar.update(1)
             if logs:
