@@ -33,7 +33,7 @@ import torch
 
 from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json
 from components.shared.devices import DeviceError, resolve_device
-from components.shared.owned_outputs import ForeignFilesError, OwnedOutputs
+from components.shared.owned_outputs import FolderBusy, ForeignFilesError, OwnedOutputs, one_writer
 from components.shared.params import EvalModelSpec, EvaluateParams, ParamsError, flatten_params, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
@@ -91,6 +91,13 @@ def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: Evalu
 
 
 def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
+    """The whole stage under ``output_dir``'s writer lock: a second evaluation of the same folder stops at once, naming
+    the first, instead of removing the first one's build folder midway."""
+    with one_writer(params.output_dir, "evaluate"):
+        return _run(params, log_mlflow)
+
+
+def _run(params: EvaluateParams, log_mlflow: bool) -> dict[str, float]:
     started = time.perf_counter()
     device = resolve_device(params.device)  # before any work: a GPU this machine lacks is named at once
     print(f"evaluate: scoring on {device} in {params.precision}", file=sys.stderr)
@@ -180,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params("evaluate", args.params)
         flat = run(params)
     except (ParamsError, EvaluateError, formats.BenchmarkError, CorruptFileError, UnsafeCheckpointError, ForeignFilesError,
-            DeviceError) as err:
+            DeviceError, FolderBusy) as err:
         print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
     print(json.dumps({k: v for k, v in flat.items() if "/summary/" in k}))

@@ -228,7 +228,38 @@ def output_dir_inside(root: Path, output_dir: str | Path, name: str) -> Path:
         check_entry_name(name, "model.name (the report's folder)")
     except ValueError as err:
         raise ParamsError(str(err)) from None
-    return path_inside(root, Path(output_dir) / name, "output_dir")
+    target = path_inside(root, Path(output_dir) / name, "output_dir")
+    if owner := pipeline_owner(root, target):
+        raise ParamsError(f"output_dir/model.name: {target} is {owner}; an ad-hoc evaluation writes a folder of its own "
+                          "(the default output_dir, reports/adhoc, keeps each model's report apart)")
+    return target
+
+
+def pipeline_owner(root: Path, target: Path) -> str | None:
+    """What already owns ``target`` (an ad-hoc report folder), or None when it is free: the workspace itself, the
+    evaluate stage's report folder (register reads its metrics for the promotion gates), a folder a DVC stage
+    writes or one inside it, or a folder holding committed files (the shipped reports)."""
+    import subprocess
+
+    from components.shared.params import load_params
+
+    root, target = Path(root).resolve(), Path(target).resolve()
+    if target == root:
+        return "the workspace itself"
+    if target == (root / load_params("evaluate").output_dir).resolve():
+        return "the evaluate stage's report folder (its metrics feed registration and promotion)"
+    stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {}) if (root / "dvc.yaml").is_file() else {}
+    for name, stage in stages.items():
+        for kind in ("outs", "metrics", "plots"):
+            for out in stage.get(kind) or []:
+                path = (root / (next(iter(out)) if isinstance(out, dict) else out)).resolve()
+                if target == path or path in target.parents:
+                    return f"the {name} stage's output {path.relative_to(root)} (dvc.yaml)"
+    try:
+        tracked = subprocess.run(["git", "ls-files", "--", str(target)], cwd=root, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        tracked = ""  # not a git checkout: nothing is committed there
+    return f"a folder of committed files ({tracked.splitlines()[0]}, ...)" if tracked.strip() else None
 
 
 def main(argv: list[str] | None = None) -> int:

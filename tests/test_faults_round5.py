@@ -195,3 +195,29 @@ def test_the_flow_log_redacts_credentials_and_a_bar_description_is_inert_markdow
     from components.shared.markdown_text import md_text
 
     assert "<img" not in md_text("<img src=x onerror=alert(1)>") and "[x](javascript" not in md_text("[x](javascript:alert(1))")
+
+
+@pytest.mark.parametrize("output_dir, name, owner", [
+    (".", "reports", "the evaluate stage's report folder"),
+    ("reports", "example-run", "a folder of committed files"),
+    ("data", "captions", "the captions stage's output data/captions"),
+    ("reports", "items", "the evaluate stage's output reports/items"),
+])
+def test_an_adhoc_evaluation_never_writes_a_folder_the_pipeline_owns(output_dir, name, owner):
+    from flows.workspace import output_dir_inside
+
+    with pytest.raises(ParamsError, match=owner):
+        output_dir_inside(REPO, output_dir, name)
+    assert output_dir_inside(REPO, "reports/adhoc", "mine") == (REPO / "reports" / "adhoc" / "mine").resolve()
+
+
+def test_a_second_evaluation_of_the_same_folder_stops_and_names_the_first(tmp_path, capsys):
+    from components import evaluate
+    from components.shared.owned_outputs import one_writer
+
+    params = tmp_path / "evaluate.yaml"
+    params.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out"), "cache_dir": str(tmp_path / "cache")}))
+    with one_writer(tmp_path / "out", "evaluate"):  # the first evaluation, still writing
+        assert evaluate.main(["--params", str(params)]) == 2
+    assert "another evaluate is writing this folder (pid" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".c2lip-evaluate.lock"]  # nothing else written
