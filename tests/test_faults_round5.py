@@ -221,3 +221,49 @@ def test_a_second_evaluation_of_the_same_folder_stops_and_names_the_first(tmp_pa
         assert evaluate.main(["--params", str(params)]) == 2
     assert "another evaluate is writing this folder (pid" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".c2lip-evaluate.lock"]  # nothing else written
+
+
+def _compare_report() -> dict:
+    figures = {k: {"values": [0.5]} for k in ("sugarcrepe/swap_att/acc", "zero_shot/top1")}
+    return {"arms": ["a"], "metrics": {"a": figures}}
+
+
+@pytest.mark.parametrize("case, message", [
+    ("base is a list", "base.json: a JSON list, not a report"),
+    ("arms is a list", "arms.json: a JSON list, not a report"),
+    ("arms is malformed", "arms.json: not valid JSON"),
+    ("arms is an evaluate metrics file", "arms.json: not a comparison's compare.json"),
+    ("out is a folder", "--out .*: a folder"),
+    ("out is under a file", "--out .*: .* is a file, not a folder"),
+    ("published-as names no arm", "--published-as names 'c2lip_typo', not an arm of --arms"),
+])
+def test_the_calibration_cli_names_each_bad_input_and_writes_nothing(tmp_path, capsys, case, message):
+    from components.suite import calibration as cal
+
+    base, arms, out = tmp_path / "base.json", tmp_path / "arms.json", tmp_path / "calibration.json"
+    base.write_text(json.dumps(_compare_report()))
+    arms.write_text(json.dumps(_compare_report()))
+    extra = []
+    if case == "base is a list":
+        base.write_text("[1, 2]")
+    elif case == "arms is a list":
+        arms.write_text("[]")
+    elif case == "arms is malformed":
+        arms.write_text('{"arms": [')
+    elif case == "arms is an evaluate metrics file":
+        arms.write_text(json.dumps({"a/zero_shot/top1": 0.5}))
+    elif case == "out is a folder":
+        out.mkdir()
+    elif case == "out is under a file":
+        (tmp_path / "file").write_text("x")
+        out = tmp_path / "file" / "calibration.json"
+    else:
+        extra = ["--published-as", "c2lip_typo=c2lip"]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert cal.main(["--base", str(base), "--base-arm", "a", "--arms", str(arms), "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("calibration: ") and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    import re
+
+    assert re.search(message, err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no <out>.tmp, nothing written

@@ -120,6 +120,28 @@ def calibration(base_report: dict[str, Any], base_arm: str, arm_reports: list[di
     return {"base": {k: round(v, 5) for k, v in base.items()}, "base_arm": base_arm, "published": PUBLISHED, "arms": arms}
 
 
+def read_report(path: Path, comparison: bool) -> dict[str, Any]:
+    """A report read and checked: a JSON object; with ``comparison``, a comparison's (``arms`` and ``metrics``)."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except ValueError as err:
+        raise CalibrationError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(report, dict):
+        raise CalibrationError(f"{path}: a JSON {type(report).__name__}, not a report (a compare.json or an evaluate metrics.json)")
+    if comparison and not (isinstance(report.get("arms"), list) and isinstance(report.get("metrics"), dict)):
+        raise CalibrationError(f"{path}: not a comparison's compare.json (it needs 'arms' and 'metrics'; --arms takes "
+                               "the reports of fine-tunes)")
+    return report
+
+
+def check_out(out: Path) -> None:
+    """``--out`` must name a file that can be written: not a folder, not under a file (checked before any work)."""
+    if out.is_dir():
+        raise CalibrationError(f"--out {out}: a folder; name the JSON file to write (e.g. {out / 'calibration.json'})")
+    if under := next((p for p in out.parents if p.exists() and not p.is_dir()), None):
+        raise CalibrationError(f"--out {out}: {under} is a file, not a folder")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m components.suite.calibration", description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="compare.json of the base sweep, or the evaluate stage's metrics.json of the base")
@@ -142,10 +164,18 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--published-as {entry!r}: expected ARM=METHOD with METHOD one of {', '.join(PUBLISHED['arms'])}")
         published_as[arm] = method
     try:
-        reports = [json.loads(p.read_text()) for p in (args.base, *paths)]
+        check_out(args.out)
+        reports = [read_report(p, comparison=k > 0) for k, p in enumerate((args.base, *paths))]
+        named = {arm for report in reports[1:] for arm in report["arms"]}
+        if unknown := sorted(set(published_as) - named):
+            raise CalibrationError(f"--published-as names {', '.join(map(repr, unknown))}, not an arm of --arms "
+                                   f"(arms: {', '.join(sorted(named))})")
         table = calibration(reports[0], args.base_arm, reports[1:], args.base, labels, published_as)
-    except (OSError, json.JSONDecodeError, KeyError, CalibrationError) as err:
+    except (OSError, CalibrationError) as err:
         print(f"calibration: {err}", file=sys.stderr)
+        return 2
+    except (KeyError, TypeError) as err:  # an entry of a report not shaped as compare.json writes it
+        print(f"calibration: a report entry is malformed ({type(err).__name__}: {err}); nothing was written", file=sys.stderr)
         return 2
     atomic_write_json(args.out, table)
     print(f"calibration: wrote {args.out}")
