@@ -1,6 +1,7 @@
 """Registration (tags, challenger alias, both loading forms) and promotion gates, on a real MLflow registry."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -85,9 +86,17 @@ def test_register_then_promote_through_the_gates(tmp_path, tracking):
 
     # the champion loads as an MLflow pyfunc returning embeddings (and, via its artifacts, as open_clip:
     # tests/test_evaluate.py evaluates models:/…@champion)
-    model = mlflow.pyfunc.load_model("models:/c2lip-test@champion")
+    import os
+    import warnings
+
+    os.environ["C2LIP_IMAGE_ROOT"] = str(REPO / "docs")  # the folder a served model may read images from
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # MLflow warns when a model loads by unpickling: this one does not
+        model = mlflow.pyfunc.load_model("models:/c2lip-test@champion")
+    local = mlflow.artifacts.download_artifacts("models:/c2lip-test@champion")
+    assert not list(Path(local).rglob("*.pkl")), "a registered version holds no pickle"
     text = model.predict(pd.DataFrame({"text": ["A large red circle.", "A small blue square."]}))
-    image = model.predict(pd.DataFrame({"image": [str(REPO / "docs" / "shapesworld_contact_sheet.png")]}))
+    image = model.predict(pd.DataFrame({"image": ["shapesworld_contact_sheet.png"]}))
     assert text.shape == (2, 128) and image.shape == (1, 128)
     assert abs(float((text ** 2).sum(axis=1)[0]) - 1) < 1e-4
     # its signature says what it takes and gives; a frame with both columns is refused, not silently embedded as text
@@ -95,7 +104,16 @@ def test_register_then_promote_through_the_gates(tmp_path, tracking):
     assert schema.input_names() == ["text", "image"] and not any(c.required for c in schema.inputs)
     assert model.metadata.get_output_schema().inputs[0].shape == (-1, 128)
     with pytest.raises(Exception, match="both a 'text' and an 'image' column"):
-        model.predict(pd.DataFrame({"text": ["a red circle"], "image": [str(REPO / "docs" / "shapesworld_contact_sheet.png")]}))
+        model.predict(pd.DataFrame({"text": ["a red circle"], "image": ["shapesworld_contact_sheet.png"]}))
+    # the host's other files are not the caller's to read or to probe
+    for outside in (str(REPO / "README.md"), "../README.md", "/etc/passwd", "/no/such/file.png"):
+        with pytest.raises(Exception, match="outside the image folder"):
+            model.predict(pd.DataFrame({"image": [outside]}))
+    with pytest.raises(Exception, match="URLs are not supported"):
+        model.predict(pd.DataFrame({"image": ["http://example.org/a.png"]}))
+    with pytest.raises(Exception, match="text row 1: .*, not a string"):
+        model.predict(pd.DataFrame({"text": ["a red circle", None]}))
+    del os.environ["C2LIP_IMAGE_ROOT"]
 
 
 class _FakeHub:

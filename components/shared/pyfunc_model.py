@@ -52,17 +52,45 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
                              "as a text or as an image)")
         with torch.no_grad():
             if "text" in given:
-                tokens = self.tokenizer([str(t) for t in model_input["text"]])
+                texts = list(model_input["text"])
+                if bad := next((k for k, t in enumerate(texts) if not isinstance(t, str)), None):
+                    raise ValueError(f"text row {bad}: {type(texts[bad]).__name__}, not a string (every row of a call "
+                                     "is embedded; give a text in each)")
+                tokens = self.tokenizer(texts)
                 features = self.model.encode_text(to_model(tokens, self.model), normalize=True)
             elif "image" in given:
-                images = []
-                for value in model_input["image"]:
-                    source = io.BytesIO(value) if isinstance(value, (bytes, bytearray)) else Path(value)
-                    images.append(self.preprocess(Image.open(source).convert("RGB")))
+                root = image_root()
+                images = [self.preprocess(Image.open(image_source(value, k, root)).convert("RGB"))
+                          for k, value in enumerate(model_input["image"])]
                 features = self.model.encode_image(to_model(torch.stack(images), self.model), normalize=True)
             else:
                 raise ValueError(f"input needs a 'text' or an 'image' column, got {columns}")
         return np.asarray(features.float().cpu().numpy())
+
+
+IMAGE_ROOT_ENV = "C2LIP_IMAGE_ROOT"  # the one folder whose images a served model reads by path
+
+
+def image_root() -> Path:
+    """The folder image paths are read from: ``$C2LIP_IMAGE_ROOT``, else the serving process's working directory."""
+    return Path(os.environ.get(IMAGE_ROOT_ENV) or os.getcwd()).resolve()
+
+
+def image_source(value: Any, row: int, root: Path):
+    """A row's image to open: its bytes, or a path inside ``root``. A URL, a missing value or a path outside the root is
+    refused before the file system is asked, so the answer never tells which files exist elsewhere on the host."""
+    if isinstance(value, (bytes, bytearray)):
+        return io.BytesIO(value)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"image row {row}: {type(value).__name__}, not an image path or the image's bytes")
+    if "://" in value:
+        raise ValueError(f"image row {row}: URLs are not supported; give the image's bytes or a path under {IMAGE_ROOT_ENV}")
+    path = (root / value).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"image row {row}: outside the image folder the model may read ({IMAGE_ROOT_ENV}); give its bytes")
+    if not path.is_file():
+        raise ValueError(f"image row {row}: {value}: no such image under the image folder")
+    return path
 
 
 def signature(export_dir: Path):
@@ -88,7 +116,7 @@ def log_export(export_dir: Path, name: str = "model", registered_model_name: str
     return mlflow.pyfunc.log_model(
         signature=signature(export_dir),
         name=name,
-        python_model=OpenClipEmbedder(),
+        python_model=str(Path(__file__).with_name("pyfunc_entry.py")),  # models-from-code: no pickle to load
         artifacts={EXPORT_ARTIFACT: str(export_dir)},
         code_paths=[str(Path(__file__).resolve().parents[1])],
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"open_clip_torch=={open_clip.__version__}", "pillow", "numpy"],
