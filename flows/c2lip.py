@@ -255,6 +255,15 @@ def page_link(page: Path) -> str:
     return resolved.as_uri()
 
 
+def absolute_links(markdown: str, folder: Path) -> str:
+    """A report's Markdown with its relative links (``[the failure gallery](gallery/index.html)``) made into addresses a
+    browser opens from the Prefect UI (:func:`page_link`): relative ones would resolve against the UI's own host."""
+    def absolute(match: re.Match) -> str:
+        return f"]({page_link(folder / match.group(1))})"
+
+    return re.sub(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)", absolute, markdown)
+
+
 def publish_galleries(folder: Path, key: str) -> list[str]:
     """A link artifact per failure-gallery page in ``folder`` (:func:`page_link`: served when ``make serve`` runs)."""
     links = []
@@ -310,7 +319,8 @@ def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, bench
     params.output_dir = report_dir
     ensure_default_suite(params, dvc_repro)  # a fresh clone has no ShapesWorld suite yet: build it, do not fail on it
     flat = evaluate_stage(params, model.name)
-    text = "\n".join([(params.output_dir / "benchmarks.md").read_text(), *_mlflow_line(params.output_dir, params.mlflow_experiment)])
+    report = absolute_links((params.output_dir / "benchmarks.md").read_text(), params.output_dir)
+    text = "\n".join([report, *_mlflow_line(params.output_dir, params.mlflow_experiment)])
     create_markdown_artifact(markdown=text, key=_artifact_key(f"c2lip-evaluate-{model.name}"), description=f"Benchmarks of {model.name}")
     publish_galleries(params.output_dir / "gallery", f"c2lip-evaluate-{model.name}-gallery")
     return {k: v for k, v in flat.items() if "/summary/" in k}
@@ -369,7 +379,7 @@ def compare_methods(overrides: CompareOverrides | None = None, wait_for_workspac
             for stage in ("captions", "recaption", "concepts", "benchmarks"):
                 dvc_repro.with_options(retries=RETRIES[stage])(stage)
         summary = compare.run(params, execute=execute_as_tasks)
-    text = (params.report_dir / "compare.md").read_text()
+    text = absolute_links((params.report_dir / "compare.md").read_text(), params.report_dir)
     create_markdown_artifact(markdown=text, key="c2lip-compare", description="Comparison of methods")
     publish_galleries(params.report_dir / "compare-gallery", "c2lip-compare-gallery")
     return {"arms": summary["arms"], "seeds": summary["seeds"], "paired": {a: {g: round(v["mean"], 4) for g, v in groups.items()}

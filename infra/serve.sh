@@ -25,14 +25,24 @@ until python -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL
   sleep 1
 done
 # the reports (benchmark report, failure galleries) over http on 127.0.0.1 only, read-only: the flow's link artifacts
-# point here, since a browser refuses file:// links from the Prefect UI's page
+# point here, since a browser refuses file:// links from the Prefect UI's page. No listings, no links followed, only
+# requests addressed to 127.0.0.1/localhost (flows/reports_server.py)
 REPORTS_PORT="${C2LIP_REPORTS_PORT:-4201}"
 mkdir -p reports
-python -m http.server --bind 127.0.0.1 --directory reports "$REPORTS_PORT" > "$PREFECT_HOME/reports-server.log" 2>&1 &
+python -m flows.reports_server --port "$REPORTS_PORT" --directory reports > "$PREFECT_HOME/reports-server.log" 2>&1 &
 REPORTS=$!
-trap 'kill $SERVER $REPORTS 2>/dev/null || true' EXIT
+# the MLflow UI on 127.0.0.1, so the "MLflow run" links of the flow's artifacts open (the local store; a team's
+# MLFLOW_TRACKING_URI serves its own UI)
+MLFLOW_PORT="${C2LIP_MLFLOW_PORT:-5000}"
+MLFLOW_UI=""
+if [ -z "${MLFLOW_TRACKING_URI:-}" ]; then
+  mlflow ui --backend-store-uri "sqlite:///$PWD/mlflow.db" --host 127.0.0.1 --port "$MLFLOW_PORT" > "$PREFECT_HOME/mlflow-ui.log" 2>&1 &
+  MLFLOW_UI=$!
+fi
+trap 'kill $SERVER $REPORTS $MLFLOW_UI 2>/dev/null || true' EXIT
 export C2LIP_REPORTS_URL="http://127.0.0.1:${REPORTS_PORT}"
 echo "Prefect server: http://127.0.0.1:${PORT} (UI and API); log in $PREFECT_HOME/server.log"
 echo "Reports: $C2LIP_REPORTS_URL/benchmarks.md, failure gallery $C2LIP_REPORTS_URL/gallery/index.html"
+if [ -n "$MLFLOW_UI" ]; then echo "MLflow UI: http://127.0.0.1:${MLFLOW_PORT} (runs, metrics, the registry); log in $PREFECT_HOME/mlflow-ui.log"; fi
 echo "In another shell:  PREFECT_API_URL=$PREFECT_API_URL .venv/bin/prefect deployment run c2lip/full"
 python -m flows.serve

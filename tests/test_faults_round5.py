@@ -267,3 +267,65 @@ def test_the_calibration_cli_names_each_bad_input_and_writes_nothing(tmp_path, c
 
     assert re.search(message, err), err
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no <out>.tmp, nothing written
+
+
+def test_a_reports_relative_links_open_from_the_prefect_ui(monkeypatch):
+    from flows.c2lip import absolute_links
+
+    monkeypatch.setenv("C2LIP_REPORTS_URL", "http://127.0.0.1:4201")
+    text = ("What changed: [the failure gallery](gallery/index.html); [chart](benchmarks.png); "
+            "[site](https://example.org/x) and [here](#summary) stay")
+    out = absolute_links(text, REPO / "reports")
+    assert "[the failure gallery](http://127.0.0.1:4201/gallery/index.html)" in out
+    assert "[chart](http://127.0.0.1:4201/benchmarks.png)" in out
+    assert "[site](https://example.org/x)" in out and "[here](#summary)" in out
+
+
+def test_the_champion_before_any_promotion_says_to_promote_first(tmp_path, monkeypatch):
+    from components.shared.params import EvalModelSpec
+    from components.suite.loading import SuiteError
+    from components.suite.model_loading import resolve_model
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.MlflowClient().create_registered_model("c2lip")
+    with pytest.raises(SuiteError, match="promote it first"):
+        resolve_model(EvalModelSpec(name="champion", uri="models:/c2lip@champion"), tmp_path / "downloads")
+
+
+def test_the_reports_server_lists_nothing_follows_no_link_and_answers_only_loopback_names(tmp_path):
+    import functools
+    import http.client
+    import http.server
+    import threading
+
+    from flows.reports_server import ReportsHandler
+
+    root = tmp_path / "reports"
+    (root / "gallery").mkdir(parents=True)
+    (root / "benchmarks.md").write_text("# report")
+    (root / "items").mkdir()
+    (tmp_path / "secret.txt").write_text("outside")
+    (root / "leak.txt").symlink_to(tmp_path / "secret.txt")
+    (root / "linked").symlink_to(tmp_path)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(ReportsHandler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def get(path, host=f"127.0.0.1:{port}"):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", path, headers={"Host": host})
+        response = conn.getresponse()
+        return response.status, response.read().decode(errors="replace")
+
+    try:
+        assert get("/benchmarks.md") == (200, "# report")
+        assert get("/benchmarks.md", host=f"localhost:{port}")[0] == 200
+        assert get("/benchmarks.md", host=f"evil.example:{port}")[0] == 403  # DNS rebinding: another site's name
+        assert get("/items/")[0] == 404 and get("/")[0] == 404  # no listings
+        assert get("/leak.txt")[0] == 404 and get("/linked/secret.txt")[0] == 404  # no links followed
+        assert get("/../secret.txt")[0] == 404
+    finally:
+        server.shutdown()
