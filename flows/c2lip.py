@@ -310,6 +310,9 @@ def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, bench
     or an open_clip name + tag), beside an optional reference; outside DVC, under ``output_dir`` (inside the
     workspace, or a folder the worker's C2LIP_OUTSIDE_ROOTS admits)."""
     report_dir = output_dir_inside(ROOT, output_dir, model.name)  # before any work
+    for where, spec in (("model", model), ("reference", reference)):  # a model's uri may be a local path: confined too
+        if spec is not None:
+            confine_paths(ROOT, spec.model_dump(mode="json", exclude_unset=True), EvalModelSpec, where)
     if benchmarks is not None:  # the suite's files are read from the workspace too
         confine_paths(ROOT, benchmarks.model_dump(mode="json", exclude_unset=True), SuiteParams, "benchmarks")
     params = load_params("evaluate")

@@ -158,8 +158,22 @@ OUTSIDE_ROOTS_ENV = "C2LIP_OUTSIDE_ROOTS"
 
 
 def allowed_roots(root: Path) -> list[Path]:
-    """The workspace and the folders the worker's environment admits (:data:`OUTSIDE_ROOTS_ENV`)."""
-    extra = [Path(p).expanduser().resolve() for p in os.environ.get(OUTSIDE_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    """The workspace and the folders the worker's environment admits (:data:`OUTSIDE_ROOTS_ENV`: absolute folders,
+    never the file system's root; a relative entry would depend on the worker's working directory)."""
+    from components.shared.params import ParamsError
+
+    extra = []
+    for entry in (p.strip() for p in os.environ.get(OUTSIDE_ROOTS_ENV, "").split(os.pathsep)):
+        if not entry:
+            continue
+        path = Path(entry).expanduser()
+        if not path.is_absolute():
+            raise ParamsError(f"{OUTSIDE_ROOTS_ENV}: {entry!r} is relative; give absolute folders (a relative one would "
+                              "depend on the worker's working directory)")
+        if path.resolve() == Path(path.resolve().anchor):
+            raise ParamsError(f"{OUTSIDE_ROOTS_ENV}: {entry!r} admits the whole file system ({path.resolve()}); give the "
+                              "folders a run may use")
+        extra.append(path.resolve())
     return [Path(root).resolve(), *extra]
 
 
@@ -189,6 +203,23 @@ def _is_path(annotation: Any) -> bool:
     return annotation is Path or any(_is_path(arg) for arg in typing.get_args(annotation))
 
 
+def _is_text(annotation: Any) -> bool:
+    return annotation is str or any(_is_text(arg) for arg in typing.get_args(annotation))
+
+
+PROSE_FIELDS = {"description", "name", "preset"}  # text fields that are never paths (a description may hold "w/o")
+
+
+def looks_like_local_path(value: Any) -> bool:
+    """A text field's value that names a local file or folder (shards, ``model.init``, a model's ``uri``, a benchmark
+    file, a captioner's folder): it holds a "/" or starts with "." or "~", and is no URI (``models:/…``, ``https://…``,
+    ``hf-hub:…``); an open_clip tag or ``scratch`` is not one."""
+    import re
+
+    return (isinstance(value, str) and ("/" in value or value.startswith((".", "~")))
+            and not re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", value))
+
+
 def confine_paths(root: Path, values: Any, model: type, where: str) -> None:
     """Every path field that ``values`` (a run's parameters, shaped as ``model``) sets, at any depth, leads inside the
     workspace (:func:`path_inside`); raises a ParamsError naming the first that does not."""
@@ -203,9 +234,10 @@ def confine_paths(root: Path, values: Any, model: type, where: str) -> None:
         if field is None or value is None:
             continue
         annotation = field.annotation
-        if _is_path(annotation):
+        if _is_path(annotation) or (_is_text(annotation) and key not in PROSE_FIELDS):  # shards, model.init, uris: paths
             for one in value if isinstance(value, list) else value.values() if isinstance(value, dict) else [value]:
-                path_inside(root, one, f"{where}.{key}")
+                if _is_path(annotation) or looks_like_local_path(one):
+                    path_inside(root, str(Path(str(one)).expanduser()) if str(one).startswith("~") else one, f"{where}.{key}")
         for sub in _models_in(annotation):
             mapping = isinstance(value, dict) and _is_mapping_of_models(annotation)  # dict[str, Model]: its values
             confine_paths(root, list(value.values()) if mapping else value, sub, f"{where}.{key}")

@@ -329,3 +329,29 @@ def test_the_reports_server_lists_nothing_follows_no_link_and_answers_only_loopb
         assert get("/../secret.txt")[0] == 404
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("stage, values, where", [
+    ("train", {"model": {"init": "/etc/ssl/certs"}}, "train.model.init"),
+    ("train", {"data": {"shards": ["data/captions/train/*.tar", "../elsewhere/*.tar"]}}, r"train.data.shards"),
+    ("evaluate", {"models": [{"name": "m", "uri": "/root/secret/export"}]}, r"evaluate.models\[0\].uri"),
+])
+def test_text_fields_that_name_files_stay_inside_the_workspace(stage, values, where):
+    from components.shared.params import STAGES
+    from flows.workspace import confine_paths
+
+    with pytest.raises(ParamsError, match=f"{where}: .* outside the workspace"):
+        confine_paths(REPO, values, STAGES[stage], stage)
+    fine = {"model": {"init": "models/base/export"}, "data": {"shards": ["data/captions/train/*.tar"]}}
+    confine_paths(REPO, fine, STAGES["train"], "train")
+    confine_paths(REPO, {"models": [{"name": "c", "uri": "models:/c2lip@champion"}]}, STAGES["evaluate"], "evaluate")
+    confine_paths(REPO, {"model": {"init": "scratch"}}, STAGES["train"], "train")
+
+
+@pytest.mark.parametrize("entry, message", [("..", "relative"), ("/", "the whole file system"), ("data", "relative")])
+def test_an_outside_root_that_admits_everything_or_depends_on_the_cwd_is_refused(monkeypatch, entry, message):
+    from flows.workspace import OUTSIDE_ROOTS_ENV, path_inside
+
+    monkeypatch.setenv(OUTSIDE_ROOTS_ENV, entry)
+    with pytest.raises(ParamsError, match=f"{OUTSIDE_ROOTS_ENV}: .*{message}"):
+        path_inside(REPO, "/etc/passwd", "output_dir")
