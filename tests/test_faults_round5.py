@@ -355,3 +355,14 @@ def test_an_outside_root_that_admits_everything_or_depends_on_the_cwd_is_refused
     monkeypatch.setenv(OUTSIDE_ROOTS_ENV, entry)
     with pytest.raises(ParamsError, match=f"{OUTSIDE_ROOTS_ENV}: .*{message}"):
         path_inside(REPO, "/etc/passwd", "output_dir")
+
+
+def test_an_unreadable_manifest_is_named_when_the_stage_cannot_tell_its_own_files(tmp_path):
+    from components.shared.owned_outputs import ForeignFilesError, OwnedOutputs
+
+    owned = OwnedOutputs(tmp_path, "evaluate", folders=("gallery",))
+    (tmp_path / "gallery" / "thumbs").mkdir(parents=True)
+    (tmp_path / "gallery" / "thumbs" / "a.png").write_bytes(b"png")
+    owned.manifest_path.write_text('{"files": ["gallery/thumbs/a.p')  # truncated by a full disk, say
+    with pytest.raises(ForeignFilesError, match=r"\.c2lip-evaluate-outputs\.json, is unreadable"):
+        owned.check()

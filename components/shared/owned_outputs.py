@@ -74,10 +74,23 @@ class OwnedOutputs:
         if foreign:
             shown = ", ".join(str(self.root / f) for f in foreign[:FOREIGN_SHOWN])
             more = f" and {len(foreign) - FOREIGN_SHOWN} more" if len(foreign) > FOREIGN_SHOWN else ""
+            unreadable = self.manifest_problem()
+            why = (f" (its list of what it wrote, {self.manifest_path}, is {unreadable}: if these are the stage's own, "
+                   "remove them or that file)") if unreadable else ""
             raise ForeignFilesError(
                 f"{self.root}: {len(foreign)} file(s) in the {self.stage} stage's own folders ({', '.join(self.folders)}) were not "
-                f"written by it: {shown}{more}. Those folders are replaced as a whole, so move the files elsewhere or name "
+                f"written by it{why}: {shown}{more}. Those folders are replaced as a whole, so move the files elsewhere or name "
                 "another output folder; nothing was changed")
+
+    def manifest_problem(self) -> str | None:
+        """Why the manifest cannot say what the stage wrote (None: readable, or absent because nothing was written)."""
+        if not self.manifest_path.exists():
+            return None
+        try:
+            listed = json.loads(self.manifest_path.read_text())
+        except (OSError, ValueError) as err:
+            return f"unreadable ({type(err).__name__})"
+        return None if isinstance(listed, dict) and isinstance(listed.get("files", []), list) else "not the list this stage writes"
 
     def _remove_stale_builds(self) -> None:
         """Temporary folders a killed run left: only hidden folders of this stage's prefix that hold the marker."""

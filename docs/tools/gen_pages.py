@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 import mkdocs_gen_files
 
@@ -37,7 +38,7 @@ def report_page(target: str, report: Path, chart: Path | None, title: str, how: 
         lines = text.split("\n")
         page.write(lines[0] + "\n\n" + f"*Written by the pipeline: `{source}`.{note}*\n\n")
         if chart is not None and copy(chart, str(Path(target).parent / f"{Path(target).stem}.png")):
-            page.write(f"![{title}]({Path(target).stem}.png)\n\n")
+            page.write(f"![{title}]({quote(Path(target).stem)}.png)\n\n")  # a folder named "a#1" is a link, not an anchor
         page.write("\n".join(lines[1:]))
 
 
@@ -53,7 +54,7 @@ def gallery_for(page_path: str, source: Path, prefix: str, target: str) -> None:
     with mkdocs_gen_files.open(page_path, "r") as page:
         text = page.read()
     if pages:
-        text = text.replace(f"]({prefix}/", f"]({target}/")
+        text = text.replace(f"]({prefix}/", f"]({quote(target)}/")
     else:
         text = re.sub(rf"\[([^\]]+)\]\({re.escape(prefix)}/[^)]+\)", r"\1 (not made yet: `make run` writes it)", text)
     with mkdocs_gen_files.open(page_path, "w") as page:
