@@ -39,10 +39,29 @@ if [ -z "${MLFLOW_TRACKING_URI:-}" ]; then
   mlflow ui --backend-store-uri "sqlite:///$PWD/mlflow.db" --host 127.0.0.1 --port "$MLFLOW_PORT" > "$PREFECT_HOME/mlflow-ui.log" 2>&1 &
   MLFLOW_UI=$!
 fi
-trap 'kill $SERVER $REPORTS $MLFLOW_UI 2>/dev/null || true' EXIT
+# Every process this started goes when it ends, however it ends (Ctrl-C, SIGTERM, an error): SIGTERM first, then, for
+# one still running after 10 s (the deployments' process has ignored a first SIGTERM), SIGKILL
+PIDS="$SERVER $REPORTS $MLFLOW_UI"
+stop_all() {
+  kill $PIDS 2>/dev/null || true
+  for _ in $(seq 1 20); do
+    alive=""
+    for pid in $PIDS; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ -z "$alive" ] && return 0
+    sleep 0.5
+  done
+  kill -9 $PIDS 2>/dev/null || true
+}
+trap stop_all EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 export C2LIP_REPORTS_URL="http://127.0.0.1:${REPORTS_PORT}"
 echo "Prefect server: http://127.0.0.1:${PORT} (UI and API); log in $PREFECT_HOME/server.log"
 echo "Reports: $C2LIP_REPORTS_URL/benchmarks.md, failure gallery $C2LIP_REPORTS_URL/gallery/index.html"
 if [ -n "$MLFLOW_UI" ]; then echo "MLflow UI: http://127.0.0.1:${MLFLOW_PORT} (runs, metrics, the registry); log in $PREFECT_HOME/mlflow-ui.log"; fi
 echo "In another shell:  PREFECT_API_URL=$PREFECT_API_URL .venv/bin/prefect deployment run c2lip/full"
-python -m flows.serve
+# in the background and waited for: bash runs its traps only between commands, so a foreground child would keep a
+# SIGTERM to this script waiting until the child chose to exit
+python -m flows.serve &
+PIDS="$PIDS $!"
+wait $!

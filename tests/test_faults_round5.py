@@ -366,3 +366,52 @@ def test_an_unreadable_manifest_is_named_when_the_stage_cannot_tell_its_own_file
     owned.manifest_path.write_text('{"files": ["gallery/thumbs/a.p')  # truncated by a full disk, say
     with pytest.raises(ForeignFilesError, match=r"\.c2lip-evaluate-outputs\.json, is unreadable"):
         owned.check()
+
+
+def test_make_serve_stops_every_process_it_started_on_sigterm_even_one_that_ignores_the_first(tmp_path):
+    """infra/serve.sh with stand-ins for prefect, python and mlflow on PATH (the real ones take minutes to start):
+    the deployments' stand-in ignores SIGTERM, as `python -m flows.serve` once did."""
+    import signal
+    import stat
+    import subprocess
+    import time
+
+    bin_dir, pids = tmp_path / "bin", tmp_path / "pids"
+    bin_dir.mkdir()
+    pids.mkdir()
+    stub = """#!/usr/bin/env bash
+    case "$*" in
+      *urllib.request*) exit 0 ;;                       # the health check: the server is up
+      *flows.serve*) trap '' TERM; echo $$ > {pids}/serve; while true; do sleep 0.2; done ;;
+      *) echo $$ > {pids}/$(basename "$0")-$RANDOM; exec sleep 600 ;;
+    esac
+    """.replace("\n    ", "\n").format(pids=pids)
+    for name in ("prefect", "python", "mlflow"):
+        (bin_dir / name).write_text(stub)
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_PORT": "4999", "C2LIP_REPORTS_PORT": "4998"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    serving = subprocess.Popen(["bash", str(REPO / "infra" / "serve.sh")], cwd=tmp_path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while not (pids / "serve").exists() or len(list(pids.iterdir())) < 4:  # server, reports, MLflow UI, deployments
+            assert time.time() < deadline and serving.poll() is None
+            time.sleep(0.1)
+        started = [int(p.read_text()) for p in pids.iterdir()]
+        serving.send_signal(signal.SIGTERM)  # to the script alone, not its group: it must stop what it started
+        assert serving.wait(timeout=600) == 143
+
+        def alive(pid):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            return not open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"
+
+        while any(alive(pid) for pid in started) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not any(alive(pid) for pid in started)
+    finally:
+        os.killpg(serving.pid, signal.SIGKILL) if serving.poll() is None else None
