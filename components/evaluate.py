@@ -91,13 +91,6 @@ def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: Evalu
 
 
 def run(params: EvaluateParams, log_mlflow: bool = True) -> dict[str, float]:
-    """The whole stage under ``output_dir``'s writer lock: a second evaluation of the same folder stops at once, naming
-    the first, instead of removing the first one's build folder midway."""
-    with one_writer(params.output_dir, "evaluate"):
-        return _run(params, log_mlflow)
-
-
-def _run(params: EvaluateParams, log_mlflow: bool) -> dict[str, float]:
     started = time.perf_counter()
     device = resolve_device(params.device)  # before any work: a GPU this machine lacks is named at once
     print(f"evaluate: scoring on {device} in {params.precision}", file=sys.stderr)
@@ -111,6 +104,16 @@ def _run(params: EvaluateParams, log_mlflow: bool) -> dict[str, float]:
     suite_fp = suite_fingerprint(params, tasks)
     # every model is found before any is evaluated: a misspelt second model costs no time and touches nothing
     resolved = {spec.name: resolve_model(spec, params.cache_dir / "downloads") for spec in params.models}
+    # checked, now the work, under output_dir's writer lock: a second evaluation of the same folder stops at once,
+    # naming the first, instead of removing the first one's build folder midway (bad input never gets here)
+    with one_writer(params.output_dir, "evaluate"):
+        flat, galleries = _evaluate_and_write(params, tasks, names, owned, expected, suite_fp, resolved, log_mlflow)
+    print(f"evaluate: wrote {params.output_dir}/benchmarks.md, benchmarks.png, metrics.json, intervals.json, items/"
+          + (", gallery/index.html" if galleries else "") + f" in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return flat
+
+
+def _evaluate_and_write(params, tasks, names, owned, expected, suite_fp, resolved, log_mlflow) -> tuple[dict[str, float], list]:
     tables: dict[str, dict[str, pa.Table]] = {}
     meta: dict[str, str] = {}
     for spec in params.models:
@@ -125,9 +128,7 @@ def _run(params: EvaluateParams, log_mlflow: bool) -> dict[str, float]:
         owned.swap_in(build, expected)
     if log_mlflow:
         log_to_mlflow(params, flat, out, names, suite_fp)
-    print(f"evaluate: wrote {out}/benchmarks.md, benchmarks.png, metrics.json, intervals.json, items/"
-          + (", gallery/index.html" if galleries else "") + f" in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    return flat
+    return flat, galleries
 
 
 REPORT_FILES = ("benchmarks.md", "benchmarks.png", "metrics.json", "intervals.json")

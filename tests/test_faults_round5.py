@@ -211,9 +211,14 @@ def test_an_adhoc_evaluation_never_writes_a_folder_the_pipeline_owns(output_dir,
     assert output_dir_inside(REPO, "reports/adhoc", "mine") == (REPO / "reports" / "adhoc" / "mine").resolve()
 
 
-def test_a_second_evaluation_of_the_same_folder_stops_and_names_the_first(tmp_path, capsys):
+def test_a_second_evaluation_of_the_same_folder_stops_and_names_the_first(tmp_path, capsys, monkeypatch):
     from components import evaluate
     from components.shared.owned_outputs import one_writer
+
+    # a suite and a model that pass the checks (the lock is taken once the input is known to be good)
+    monkeypatch.setattr(evaluate, "load_suite", lambda params: [])
+    monkeypatch.setattr(evaluate, "resolve_model", lambda spec, where: ("export", REPO / "models" / "base" / "export"))
+    monkeypatch.setattr(evaluate, "evaluate_model", lambda *a, **k: pytest.fail("evaluated while another run writes"))
 
     params = tmp_path / "evaluate.yaml"
     params.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out"), "cache_dir": str(tmp_path / "cache")}))
