@@ -16,6 +16,7 @@ One run per workspace at a time (:mod:`flows.workspace`).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -34,13 +35,14 @@ from prefect.artifacts import create_link_artifact
 from prefect.artifacts import create_markdown_artifact as _create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
+from prefect.states import Failed
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from components.shared.markdown_text import md_literal
 from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_params
 from components.shared.params import STAGES as PARAM_MODELS
 from components.shared.processes import die_with_parent, mark_run
-from components.shared.redact import redact
+from components.shared.redact import one_line, redact
 from flows.progress import ProgressLog, readable
 from flows.workspace import confine_paths, output_dir_inside, resolve_overrides, run_with_overrides, workspace_lock
 
@@ -49,6 +51,20 @@ PIPELINE = ["captions", "recaption", "concepts", "base", "train", "benchmarks", 
 # Every stage resumes (finished shards, checkpoints, cached model results), so a retry repeats no
 # finished work; base is frozen (a retry is a no-op) and train's retry resumes from its last checkpoint.
 RETRIES = {"captions": 2, "recaption": 1, "concepts": 1, "base": 0, "train": 1, "benchmarks": 1, "evaluate": 1}
+
+
+def reason_in_state(fn):
+    """A deployment flow whose failure carries its reason in the final state's name: `prefect deployment run --watch`
+    prints only that name ("Flow run finished in state 'Failed'"), so the reason would otherwise reach only the UI's
+    log tab. The exception is the state's data: a caller in this process still gets it raised."""
+    @functools.wraps(fn)
+    def named(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - every failure, named; the exception itself is kept
+            reason = redact(one_line(err, 200))
+            return Failed(data=err, message=reason, name=f"Failed: {reason}")
+    return named
 
 
 def create_markdown_artifact(markdown: str, **kwargs):
@@ -177,6 +193,7 @@ def _artifact_key(text: str) -> str:
 
 
 @flow(name="c2lip", log_prints=True)
+@reason_in_state
 def full(overrides: RunOverrides | None = None, register_version: bool = True, push: bool = True,
          wait_for_workspace_s: float = 0.0) -> dict[str, Any]:
     """Every stage (dvc repro), DVC push, then registration of the trained model as the challenger."""
@@ -304,6 +321,7 @@ def evaluate_stage(params, label: str) -> dict[str, float]:
 
 
 @flow(name="c2lip", log_prints=True)
+@reason_in_state
 def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, benchmarks: SuiteParams | None = None,
              output_dir: str = "reports/adhoc") -> dict[str, float]:
     """The benchmark suite for one model (a registered version or alias, a checkpoint, an export folder
@@ -330,6 +348,7 @@ def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, bench
 
 
 @flow(name="c2lip", log_prints=True)
+@reason_in_state
 def promote(candidate: str = "challenger") -> dict[str, Any]:
     """Move the champion alias to ``candidate`` (alias or version) when params/registry.yaml's gates hold."""
     from components import register as reg
@@ -366,6 +385,7 @@ def execute_as_tasks(runs, suite, parallel: int) -> dict[str, dict[str, float]]:
 
 
 @flow(name="c2lip", log_prints=True)
+@reason_in_state
 def compare_methods(overrides: CompareOverrides | None = None, wait_for_workspace_s: float = 0.0) -> dict[str, Any]:
     """Every method of params/compare.yaml (siglip, c2lip, clic, negclip, hp_hn and the controls) fine-tuned
     from the same base with the same budget over several seeds, `parallel` runs at a time, each judged by the

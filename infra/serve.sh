@@ -16,7 +16,9 @@ if [ "${1:-}" = "--print-settings" ]; then
   exit 0
 fi
 mkdir -p "$PREFECT_HOME"
-prefect server start --host 127.0.0.1 --port "$PORT" > "$PREFECT_HOME/server.log" 2>&1 &
+# Prefect's server as `prefect server start` runs it, answering only requests addressed to 127.0.0.1/localhost (a page
+# that rebinds its DNS name to this machine is refused: flows/prefect_server.py)
+python -m flows.prefect_server --port "$PORT" > "$PREFECT_HOME/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 # wait for as long as the server is starting (a loaded machine may take minutes); a server that exits is an error

@@ -420,3 +420,58 @@ def test_make_serve_stops_every_process_it_started_on_sigterm_even_one_that_igno
         assert not any(alive(pid) for pid in started)
     finally:
         os.killpg(serving.pid, signal.SIGKILL) if serving.poll() is None else None
+
+
+def test_the_prefect_server_of_make_serve_answers_only_requests_addressed_to_this_machine(tmp_path):
+    import http.client
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_UI_ENABLED": "false"}
+    server = subprocess.Popen([sys.executable, "-m", "flows.prefect_server", "--port", str(port)], cwd=REPO, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def status(host: str) -> int | None:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("GET", "/api/health", headers={"Host": host})
+            return conn.getresponse().status
+        except OSError:
+            return None
+
+    try:
+        deadline = time.time() + 600  # a loaded machine may take minutes to start it
+        while status(f"127.0.0.1:{port}") != 200:
+            assert time.time() < deadline and server.poll() is None, "the server did not start"
+            time.sleep(0.5)
+        assert status(f"localhost:{port}") == 200
+        assert status(f"rebound.example:{port}") == 400  # DNS rebinding: same origin for the browser, another Host
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_failed_deployment_run_carries_its_reason_in_the_state_name_the_watching_terminal_prints(tmp_path, monkeypatch):
+    from prefect import flow
+
+    from flows.c2lip import reason_in_state
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+
+    @flow(name="c2lip-test")
+    @reason_in_state
+    def evaluate_champion():
+        raise ValueError("model 'champion': cannot download models:/c2lip@champion from http://alice:S3cr3t@host: "
+                         "alias champion not found; promote it first")
+
+    state = evaluate_champion(return_state=True)
+    assert state.is_failed() and state.name.startswith("Failed: model 'champion'") and "promote it first" in state.name
+    assert "S3cr3t" not in state.name and "S3cr3t" not in (state.message or "")
+    with pytest.raises(ValueError, match="alias champion not found"):  # in this process, the exception as it was
+        evaluate_champion()
