@@ -62,6 +62,10 @@ def reason_in_state(fn):
         try:
             return fn(*args, **kwargs)
         except Exception as err:  # noqa: BLE001 - every failure, named; the exception itself is kept
+            from prefect.context import FlowRunContext
+
+            if FlowRunContext.get() is None:  # called as a plain function (flow.fn): the exception as it is
+                raise
             reason = redact(one_line(err, 200))
             return Failed(data=err, message=reason, name=f"Failed: {reason}")
     return named

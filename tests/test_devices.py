@@ -78,15 +78,17 @@ def test_the_probes_and_the_neighbour_images_run_a_bf16_model(tmp_path, bf16_mod
     assert 0 <= probe(model, tokenizer)["zero_shot_top1"] <= 1
 
 
-def test_the_pyfunc_embeds_texts_and_images_with_a_bf16_model(tmp_path, bf16_model):
-    from components.shared.pyfunc_model import OpenClipEmbedder
+def test_the_pyfunc_embeds_texts_and_images_with_a_bf16_model(tmp_path, bf16_model, monkeypatch):
+    from components.shared.pyfunc_model import IMAGE_ROOT_ENV, OpenClipEmbedder
+
+    monkeypatch.setenv(IMAGE_ROOT_ENV, str(tmp_path))  # the one folder it reads images from
 
     embedder = OpenClipEmbedder()
     embedder.model, embedder.preprocess, embedder.tokenizer = bf16_model
     path = tmp_path / "p.png"
     _pictures(1)[0].save(path)
     texts = embedder.predict(None, pd.DataFrame({"text": ["a red circle", "a blue square"]}))
-    images = embedder.predict(None, pd.DataFrame({"image": [str(path)]}))
+    images = embedder.predict(None, pd.DataFrame({"image": [path.name]}))
     assert texts.shape[0] == 2 and images.shape[0] == 1 and texts.dtype == np.float32
     assert np.allclose(np.linalg.norm(images, axis=1), 1, rtol=2e-2)
 
