@@ -42,7 +42,7 @@ from components.shared.markdown_text import md_literal
 from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_params
 from components.shared.params import STAGES as PARAM_MODELS
 from components.shared.processes import die_with_parent, mark_run
-from components.shared.redact import one_line, redact
+from components.shared.redact import redact
 from flows.progress import ProgressLog, readable
 from flows.workspace import confine_paths, output_dir_inside, resolve_overrides, run_with_overrides, workspace_lock
 
@@ -51,6 +51,15 @@ PIPELINE = ["captions", "recaption", "concepts", "base", "train", "benchmarks", 
 # Every stage resumes (finished shards, checkpoints, cached model results), so a retry repeats no
 # finished work; base is frozen (a retry is a no-op) and train's retry resumes from its last checkpoint.
 RETRIES = {"captions": 2, "recaption": 1, "concepts": 1, "base": 0, "train": 1, "benchmarks": 1, "evaluate": 1}
+
+
+def failure_reason(err: BaseException, limit: int = 300) -> str:
+    """One line saying why a flow run failed: a stage's own ``error: …`` line when the error carries a stage's output
+    (run_command's tail), else the error's first line; credentials redacted."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    stage_errors = [line[len("error:"):].strip() for line in lines if line.startswith("error:")]
+    reason = stage_errors[-1] if stage_errors else lines[0] if lines else type(err).__name__
+    return redact(reason if len(reason) <= limit else reason[:limit - 1] + "…")
 
 
 def reason_in_state(fn):
@@ -66,7 +75,7 @@ def reason_in_state(fn):
 
             if FlowRunContext.get() is None:  # called as a plain function (flow.fn): the exception as it is
                 raise
-            reason = redact(one_line(err, 200))
+            reason = failure_reason(err)
             return Failed(data=err, message=reason, name=f"Failed: {reason}")
     return named
 

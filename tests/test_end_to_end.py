@@ -91,6 +91,22 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+def documented_deployment_runs(page, budget: bool = True) -> list[tuple[str, list[str]]]:
+    """The `prefect deployment run` examples of a page, in order: (deployment, its --param values); with ``budget`` the
+    full run's ``overrides`` become the test's own (3 training steps)."""
+    import shlex
+
+    runs = []
+    for line in page.read_text().splitlines():
+        if line.startswith(".venv/bin/prefect deployment run "):
+            args = shlex.split(line, comments=True)
+            params = [args[k + 1] for k, arg in enumerate(args) if arg == "--param"]
+            if budget:
+                params = ['overrides={"train": {"steps": 3}}' if p.startswith("overrides=") else p for p in params]
+            runs.append((args[3], params))
+    return runs
+
+
 def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
     """A Prefect server on 127.0.0.1 (temporary PREFECT_HOME), the deployments served from a clone (whose
     data stages DVC already ran), then `prefect deployment run`: a run refused while another holds the
@@ -136,7 +152,16 @@ def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
         assert refused.returncode != 0
         assert "another c2lip run holds the workspace" in (tmp_path / "serve.log").read_text()
 
-        done = deployment_run("c2lip/full", 'overrides={"train": {"steps": 3}}')
+        # the README's examples, in the order written (getting started lists the same): the full run's training budget
+        # is the test's own (3 steps instead of 600), every other parameter as written
+        examples = documented_deployment_runs(REPO / "README.md")
+        for page in (REPO / "README.md", REPO / "docs" / "getting-started.md"):  # promote before the champion is evaluated
+            assert [name for name, _ in documented_deployment_runs(page)] == ["c2lip/full", "c2lip/promote", "c2lip/evaluate"], page
+        champion = examples[2][1]
+        # evaluated before any promotion (the old order): the run fails, and the terminal that watched it says why
+        early = deployment_run("c2lip/evaluate", *champion)
+        assert early.returncode != 0 and "promote it first" in early.stdout, early.stdout + early.stderr
+        done = deployment_run(examples[0][0], *examples[0][1])
         log = (tmp_path / "serve.log").read_text()
         assert done.returncode == 0 and "Completed" in done.stdout, done.stdout + done.stderr + log[-4000:]
         assert {p.name: p.read_bytes() for p in (work / "params").glob("*.yaml")} == params_before
@@ -164,13 +189,13 @@ def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
         assert str(version.version) == "1" and json.loads(version.tags["overrides"]) == {"train": {"steps": 3}}
         assert float(version.tags["summary.zero_shot"]) >= 0 and version.tags["method"] == "c2lip"
 
-        promoted = deployment_run("c2lip/promote")
+        promoted = deployment_run(examples[1][0], *examples[1][1])
         assert promoted.returncode == 0, promoted.stdout + promoted.stderr
         assert str(client.get_model_version_by_alias("c2lip", "champion").version) == "1"
 
         train_runs = mlflow.search_runs(experiment_names=["c2lip"], filter_string="params.steps = '3'", output_format="list")
         assert len(train_runs) == 1  # the override is in MLflow too
-        evaluated = deployment_run("c2lip/evaluate", 'model={"name": "champion", "uri": "models:/c2lip@champion"}')
+        evaluated = deployment_run(examples[2][0], *champion)
         assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
         adhoc = json.loads((work / "reports" / "adhoc" / "champion" / "metrics.json").read_text())
         assert adhoc["champion/zero_shot/top1"] == json.loads((work / "reports" / "metrics.json").read_text())["finetuned/zero_shot/top1"]

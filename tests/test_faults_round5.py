@@ -475,3 +475,15 @@ def test_a_failed_deployment_run_carries_its_reason_in_the_state_name_the_watchi
     assert "S3cr3t" not in state.name and "S3cr3t" not in (state.message or "")
     with pytest.raises(ValueError, match="alias champion not found"):  # in this process, the exception as it was
         evaluate_champion()
+
+
+def test_a_failed_stage_is_summed_up_by_its_own_error_line():
+    from flows.c2lip import failure_reason
+
+    err = RuntimeError("`python -m components.evaluate --params /tmp/x/evaluate.yaml` failed with exit code 2:\n"
+                       "evaluate: scoring on cpu in fp32\nerror: model 'champion': cannot download models:/c2lip@champion: "
+                       "no such alias or model yet; a run registers its version as `challenger`, promote it first "
+                       "(http://alice:S3cr3t@host: RESOURCE_DOES_NOT_EXIST)")
+    reason = failure_reason(err)
+    assert reason.startswith("model 'champion': cannot download") and "promote it first" in reason and "S3cr3t" not in reason
+    assert failure_reason(ValueError("x" * 1000)).endswith("…") and len(failure_reason(ValueError("x" * 1000))) == 300

@@ -44,10 +44,12 @@ def resolve_model(spec: EvalModelSpec, download_dir: Path) -> tuple[str, Any]:
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(target)))
         except Exception as err:  # MLflow raises several types for an unknown name, alias or version
             hint = ""
-            if "alias" in str(err) and "not found" in str(err):  # e.g. champion before any promotion
-                hint = ("; a run registers its version as `challenger`: promote it first (the c2lip/promote deployment, or "
-                        "`python -m components.register --promote challenger`)")
-            raise SuiteError(redact(f"model {spec.name!r}: cannot download {uri} from {default_tracking_uri()}: {err}{hint}")) from None
+            said = str(err)
+            if "@" in uri and any(w in said for w in ("not found", "does not exist", "RESOURCE_DOES_NOT_EXIST")):  # champion, say
+                hint = (": no such alias or model yet; a run registers its version as `challenger`, promote it first (the "
+                        "c2lip/promote deployment, or `python -m components.register --promote challenger`)")
+            # the hint first: a one-line summary of this error (a failed flow run's state name) keeps its beginning
+            raise SuiteError(redact(f"model {spec.name!r}: cannot download {uri}{hint} ({default_tracking_uri()}: {err})")) from None
         export = _find_export(local)
         if export is None:
             raise SuiteError(f"model {spec.name!r}: {uri} holds no {EXPORT_CONFIG} (not an open_clip export)")
