@@ -487,3 +487,25 @@ def test_a_failed_stage_is_summed_up_by_its_own_error_line():
     reason = failure_reason(err)
     assert reason.startswith("model 'champion': cannot download") and "promote it first" in reason and "S3cr3t" not in reason
     assert failure_reason(ValueError("x" * 1000)).endswith("…") and len(failure_reason(ValueError("x" * 1000))) == 300
+
+
+def test_a_report_folder_named_with_hash_or_question_mark_still_builds_the_site(tmp_path):
+    import subprocess
+    import sys
+
+    pytest.importorskip("mkdocs", reason="mkdocs is in the dev group: `make test` installs it")
+    site = tmp_path / "clone"
+    site.mkdir()
+    for name in ("mkdocs.yml", "docs", "reports", "params", "models/base/loss.png"):
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, site / name)
+    odd = site / "reports" / "run#1?x"
+    shutil.rmtree(odd, ignore_errors=True)
+    odd.mkdir()
+    for name in ("compare.md", "compare.png"):
+        shutil.copy(REPO / "reports" / "compare-single" / name, odd / name)
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=site,
+                           capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"})
+    assert built.returncode == 0, built.stderr[-2000:]
+    page = (tmp_path / "site" / "results" / "reports" / "run#1?x" / "index.html").read_text()
+    assert "run%231%3Fx.png" in page  # the chart's link, encoded: not an anchor, not a query
