@@ -407,6 +407,10 @@ def compare_methods(overrides: CompareOverrides | None = None, wait_for_workspac
 
     changes = overrides.model_dump(mode="json", exclude_unset=True) if isinstance(overrides, BaseModel) else dict(overrides or {})
     confine_paths(ROOT, changes, PARAM_MODELS["compare"], "compare")  # every path a caller sets stays inside the workspace
+    # the train-param mappings (common, each arm's overrides) are free dicts to the compare schema: checked as train params
+    confine_paths(ROOT, changes.get("common") or {}, PARAM_MODELS["train"], "compare.common")
+    for k, arm in enumerate(changes.get("arms") or []):
+        confine_paths(ROOT, (arm or {}).get("overrides") or {}, PARAM_MODELS["train"], f"compare.arms[{k}].overrides")
     params = compare.params_with(changes)  # a bad override fails here, before any work
     name = str(flow_run.get_name() or f"local-{int(time.time())}")
     started = time.perf_counter()

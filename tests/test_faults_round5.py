@@ -509,3 +509,16 @@ def test_a_report_folder_named_with_hash_or_question_mark_still_builds_the_site(
     assert built.returncode == 0, built.stderr[-2000:]
     page = (tmp_path / "site" / "results" / "reports" / "run#1?x" / "index.html").read_text()
     assert "run%231%3Fx.png" in page  # the chart's link, encoded: not an anchor, not a query
+
+
+@pytest.mark.parametrize("changes, where", [
+    ({"common": {"data": {"shards": ["/srv/elsewhere/*.tar"]}}}, r"compare.common.data.shards"),
+    ({"arms": [{"name": "a", "overrides": {"model": {"init": "../../outside"}}},
+               {"name": "b", "overrides": {}}]}, r"compare.arms\[0\].overrides.model.init"),
+])
+def test_the_compare_deployments_train_mappings_stay_inside_the_workspace(monkeypatch, changes, where):
+    from flows import c2lip
+
+    monkeypatch.delenv("C2LIP_OUTSIDE_ROOTS", raising=False)
+    with pytest.raises(ParamsError, match=f"{where}: .* outside the workspace"):
+        c2lip.compare_methods.fn(overrides=changes)
