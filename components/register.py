@@ -28,7 +28,7 @@ import yaml
 from components.shared.atomic import CorruptFileError, atomic_write_bytes
 from components.shared.checkpoints import EXPORT_CONFIG
 from components.shared.hub import PublishError
-from components.shared.model_card import CARD_FILE, HUB_ID, SUMMARY_GROUPS, card_facts, card_figures, model_card, read_front_matter
+from components.shared.model_card import CARD_FILE, SUMMARY_GROUPS, card_facts, card_figures, is_hub_id, model_card, read_front_matter
 from components.shared.params import ROOT, ParamsError, RegistryParams, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
@@ -135,7 +135,7 @@ def publish(params: RegistryParams, out: Path, repo_id: str | None = None, licen
     given; returns where it went."""
     from components.shared.hub import hub_folder, upload
 
-    if repo_id is not None and not HUB_ID.match(repo_id):
+    if repo_id is not None and not is_hub_id(repo_id):
         raise RegistryError(f"--repo-id {repo_id!r}: not a Hub repository id (owner/name)")  # before any work
     folder = hub_folder(params.export_dir, registry_card(params, repo_id, license), out)
     return upload(folder, repo_id, private, api) if repo_id else str(folder)

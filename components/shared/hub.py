@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from components.shared.atomic import replace_folder
+from components.shared.atomic import CHECKSUMS_FILE, replace_folder
 from components.shared.checkpoints import EXPORT_CONFIG, check_export
-from components.shared.model_card import CARD_FILE, HUB_ID
+from components.shared.model_card import CARD_FILE, is_hub_id
 
 PUBLISH_MARKER = ".c2lip-publish"  # in every folder this writes: the one kind of folder it may replace
 # What a published folder may hold, by name: open_clip's config and weights, a tokenizer's files, and the card (written
@@ -50,7 +50,7 @@ def hub_folder(export: Path, card: str, out: Path) -> Path:
                 raise PublishError(f"{file}: a symbolic link; an export to publish holds its files themselves (nothing was changed)")
             if file.is_file():
                 shutil.copy2(file, build / name)
-        left_out = sorted(p.name for p in export.iterdir() if p.name not in (*PUBLISHED_FILES, CARD_FILE, "_checksums.json"))
+        left_out = sorted(p.name for p in export.iterdir() if p.name not in (*PUBLISHED_FILES, CARD_FILE, CHECKSUMS_FILE))
         if left_out:
             print(f"publish: not copied from {export} (not a model file): {', '.join(left_out)}", file=sys.stderr)
         (build / CARD_FILE).write_text(card)
@@ -65,7 +65,7 @@ def hub_folder(export: Path, card: str, out: Path) -> Path:
 def upload(folder: Path, repo_id: str, private: bool = True, api=None) -> str:
     """Upload ``folder`` to the Hub model repository ``repo_id`` (created when missing, private by default) with
     huggingface_hub; the token is huggingface_hub's own (HF_TOKEN or `hf auth login`). Returns the commit's URL."""
-    if not HUB_ID.match(repo_id):
+    if not is_hub_id(repo_id):
         raise PublishError(f"--repo-id {repo_id!r}: not a Hub repository id (owner/name)")
     if api is None:
         from huggingface_hub import HfApi

@@ -8,7 +8,6 @@ version's MLflow description. Pure functions of params and figures (no timings: 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,6 @@ import yaml
 from components.shared.markdown_text import md_literal, md_text
 
 CARD_FILE = "README.md"
-# a Hub repository id, owner/name, as the Hub allows them: letters, digits, "_", "-", "." (never two of "-." in a row,
-# never first or last), at most 96 characters each; \Z, not $: a trailing newline is not part of an id
-_HUB_PART = r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?"
-HUB_ID = re.compile(rf"^(?!.*(?:\.\.|--)){_HUB_PART}/{_HUB_PART}\Z")
 
 # The train stage's own figures that go into the card (metrics/train.json names → what the card calls them)
 TRAIN_FIGURES = {
@@ -82,12 +77,26 @@ def _result(name: str, value: float, dataset: str, task: str) -> dict[str, Any]:
                          "name": name, "value": round(float(value), 5)}]}
 
 
+def is_hub_id(name: str) -> bool:
+    """``owner/name`` as the Hub accepts it (huggingface_hub's own check: its characters, no ``..`` or ``--``, at most
+    96 characters, nothing after the name), the owner required."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(name, str) or name.count("/") != 1:
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
 def hub_base_model(init: str) -> str | None:
     """The Hub id of the start, when it is one (``hf-hub:org/name`` or ``org/name``); a local path or ``scratch`` has
     none, and the Hub's ``base_model`` field takes only ids."""
     name = init[len("hf-hub:"):] if init.startswith("hf-hub:") else init
-    if init.startswith("hf-hub:") or (HUB_ID.match(name) and not Path(name).exists() and name.split("/")[0] not in ("models", "data")):
-        return name if HUB_ID.match(name) else None
+    if init.startswith("hf-hub:") or (is_hub_id(name) and not Path(name).exists() and name.split("/")[0] not in ("models", "data")):
+        return name if is_hub_id(name) else None
     return None
 
 
