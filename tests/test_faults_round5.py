@@ -275,7 +275,7 @@ def test_the_calibration_cli_names_each_bad_input_and_writes_nothing(tmp_path, c
 
 
 def test_a_reports_relative_links_open_from_the_prefect_ui(monkeypatch):
-    from flows.c2lip import absolute_links
+    from flows.run_page import absolute_links
 
     monkeypatch.setenv("C2LIP_REPORTS_URL", "http://127.0.0.1:4201")
     text = ("What changed: [the failure gallery](gallery/index.html); [chart](benchmarks.png); "
@@ -460,7 +460,7 @@ def test_the_prefect_server_of_make_serve_answers_only_requests_addressed_to_thi
 def test_a_failed_deployment_run_carries_its_reason_in_the_state_name_the_watching_terminal_prints(tmp_path, monkeypatch):
     from prefect import flow
 
-    from flows.c2lip import reason_in_state
+    from flows.run_page import reason_in_state
 
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
 
@@ -478,7 +478,7 @@ def test_a_failed_deployment_run_carries_its_reason_in_the_state_name_the_watchi
 
 
 def test_a_failed_stage_is_summed_up_by_its_own_error_line():
-    from flows.c2lip import failure_reason
+    from flows.run_page import failure_reason
 
     err = RuntimeError("`python -m components.evaluate --params /tmp/x/evaluate.yaml` failed with exit code 2:\n"
                        "evaluate: scoring on cpu in fp32\nerror: model 'champion': cannot download models:/c2lip@champion: "

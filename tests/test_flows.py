@@ -197,7 +197,7 @@ def test_the_evaluate_deployment_builds_the_default_suite_a_fresh_clone_lacks(tm
 
 
 def test_gallery_links_point_at_the_reports_server_when_make_serve_runs(tmp_path, monkeypatch):
-    import flows.c2lip as flow_module
+    import flows.run_page as flow_module
 
     monkeypatch.setattr(flow_module, "ROOT", tmp_path)
     page = tmp_path / "reports" / "adhoc" / "m" / "gallery" / "index.html"
@@ -222,7 +222,7 @@ def test_the_flow_log_drops_what_a_user_cannot_act_on_and_terminal_colours():
 def test_a_full_runs_last_lines_give_each_groups_change_and_where_to_look(tmp_path, monkeypatch):
     import json
 
-    import flows.c2lip as flow_module
+    import flows.run_page as flow_module
 
     monkeypatch.setattr(flow_module, "ROOT", tmp_path)
     monkeypatch.setenv("C2LIP_REPORTS_URL", "http://127.0.0.1:4201")
@@ -242,7 +242,7 @@ def test_a_full_runs_last_lines_give_each_groups_change_and_where_to_look(tmp_pa
 def test_a_report_artifact_names_the_mlflow_run_that_logged_that_report(tmp_path, monkeypatch):
     import mlflow
 
-    import flows.c2lip as flow_module
+    import flows.run_page as flow_module
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -252,7 +252,7 @@ def test_a_report_artifact_names_the_mlflow_run_that_logged_that_report(tmp_path
         with mlflow.start_run(experiment_id=experiment) as run:
             mlflow.set_tag("report_dir", str((tmp_path / folder).resolve()))
             ids[folder] = run.info.run_id
-    line = flow_module._mlflow_line(tmp_path / "a", "reports-test")
+    line = flow_module.mlflow_line(tmp_path / "a", "reports-test")
     assert ids["a"] in "".join(line) and ids["b"] not in "".join(line) and "mlflow ui" in "".join(line)
-    assert flow_module._mlflow_line(tmp_path / "c", "reports-test") == []  # no run logged that folder: no link
-    assert flow_module._mlflow_line(tmp_path / "a", "no-such-experiment") == []
+    assert flow_module.mlflow_line(tmp_path / "c", "reports-test") == []  # no run logged that folder: no link
+    assert flow_module.mlflow_line(tmp_path / "a", "no-such-experiment") == []
