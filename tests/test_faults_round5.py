@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import HANG_S, REPO
 from test_neighbours import _solid_shard
 
 from components.data import neighbours as nb
@@ -320,7 +320,7 @@ def test_the_reports_server_lists_nothing_follows_no_link_and_answers_only_loopb
     port = server.server_address[1]
 
     def get(path, host=f"127.0.0.1:{port}"):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HANG_S)
         conn.request("GET", path, headers={"Host": host})
         response = conn.getresponse()
         return response.status, response.read().decode(errors="replace")
@@ -400,13 +400,13 @@ def test_make_serve_stops_every_process_it_started_on_sigterm_even_one_that_igno
     serving = subprocess.Popen(["bash", str(REPO / "infra" / "serve.sh")], cwd=tmp_path, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.time() + 600
+        deadline = time.time() + HANG_S  # only a hang fails it
         while not (pids / "serve").exists() or len(list(pids.iterdir())) < 4:  # server, reports, MLflow UI, deployments
             assert time.time() < deadline and serving.poll() is None
             time.sleep(0.1)
         started = [int(p.read_text()) for p in pids.iterdir()]
         serving.send_signal(signal.SIGTERM)  # to the script alone, not its group: it must stop what it started
-        assert serving.wait(timeout=600) == 143
+        assert serving.wait(timeout=HANG_S) == 143
 
         def alive(pid):
             try:
@@ -439,14 +439,14 @@ def test_the_prefect_server_of_make_serve_answers_only_requests_addressed_to_thi
 
     def status(host: str) -> int | None:
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HANG_S)
             conn.request("GET", "/api/health", headers={"Host": host})
             return conn.getresponse().status
         except OSError:
             return None
 
     try:
-        deadline = time.time() + 600  # a loaded machine may take minutes to start it
+        deadline = time.time() + HANG_S  # only a hang fails it: a loaded machine may take minutes to start it
         while status(f"127.0.0.1:{port}") != 200:
             assert time.time() < deadline and server.poll() is None, "the server did not start"
             time.sleep(0.5)
