@@ -11,16 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-PY=${PYTHON:-}
-if [ -z "$PY" ]; then
-  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-fi
-if [ -n "${1:-}" ]; then
-  ls "$1"/*.whl >/dev/null || { echo "binding.sh: no wheels in $1" >&2; exit 2; }
-  "$PY" -m pip install --quiet --no-index --no-deps --target .gpu-site "$1"/*.whl
-  export PYTHONPATH="$PWD/.gpu-site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+. infra/gpu/python.sh  # PY, and the carried wheels when a folder of them is given
 started=$(date +%s)
 
 # captions, recaption and concepts skip finished shards; benchmarks rebuilds its suite (~90 s on 2 cores)

@@ -12,14 +12,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-PY=${PYTHON:-}
-if [ -z "$PY" ]; then
-  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-fi
-if [ -n "${1:-}" ]; then
-  ls "$1"/*.whl >/dev/null || { echo "check.sh: no wheels in $1" >&2; exit 2; }
-  "$PY" -m pip install --quiet --no-index --no-deps --target .gpu-site "$1"/*.whl
-  export PYTHONPATH="$PWD/.gpu-site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+. infra/gpu/python.sh  # PY, and the carried wheels when a folder of them is given
 exec "$PY" infra/gpu/check.py
