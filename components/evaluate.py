@@ -81,7 +81,7 @@ def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: Evalu
     fp = hashlib.sha256(key.encode()).hexdigest()[:16]
     if (tables := results_cache.read(params.cache_dir, spec.name, fp, tasks)) is not None:  # a damaged entry is re-evaluated
         return tables
-    model, preprocess, tokenizer = load_model(kind, where, spec, resolve_device(params.device), params.precision)
+    model, preprocess, tokenizer = load_model(kind, where, spec, params.device, params.precision)
     t0 = time.perf_counter()
     # quiet: a caller evaluating several models at once keeps one progress bar of its own
     tables = evaluate_shared(model, preprocess, tokenizer, tasks, params, label=spec.name, progress=not quiet)

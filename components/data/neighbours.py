@@ -9,6 +9,7 @@ the neighbours are computed once per run from the model the fine-tune starts fro
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -167,14 +168,11 @@ def for_run(params, model, transform, shards: list[str], main: bool, barrier: Ca
     identity = {"model": params.model.name, "init": params.model.init, "seed": None if init.exists() else params.seed,
                 "weights": weights_identity(params.model.init)}
 
-    def embed(images: list[Image.Image]) -> torch.Tensor:
-        return embed_images(model, transform, images)
-
     if main:
         model.to(device or "cpu")  # on a GPU the embedding runs there (DeepSpeed would move the model next anyway)
         path.parent.mkdir(parents=True, exist_ok=True)
         k = params.method.hard_examples.neighbour_images
-        found = load_or_compute(path, shards, k, embed, identity,
+        found = load_or_compute(path, shards, k, functools.partial(embed_images, model, transform), identity,
                                 progress=lambda it: tqdm(it, desc="neighbours", unit="batch", file=sys.stderr))
     barrier()
     return found if main else read_neighbours(path, shards)

@@ -19,7 +19,7 @@ from typing import Any
 
 import mlflow.pyfunc
 
-from components.shared.devices import place_model, resolve_device, to_model
+from components.shared.devices import place_model, to_model
 
 EXPORT_ARTIFACT = "open_clip"  # the artifact key (and folder name) of the export inside the model
 
@@ -37,7 +37,7 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
         refuse_export_code(folder, "registered model")  # a text tower with its own code never runs on a "y"
         self.model, _, self.preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
         # served from the GPU when the serving host has one (C2LIP_PYFUNC_DEVICE=cpu keeps it on the CPU)
-        place_model(self.model.eval(), resolve_device(os.environ.get("C2LIP_PYFUNC_DEVICE", "auto")))
+        place_model(self.model.eval(), os.environ.get("C2LIP_PYFUNC_DEVICE", "auto"))
         self.tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
 
     def predict(self, context, model_input, params: dict[str, Any] | None = None):

@@ -108,7 +108,6 @@ MIN_SCENES = 10
 
 def run(models: dict[str, str], out: Path, scenes: int, shape: str, seed: int, captions_params: Path, suite_file: Path,
         device: str = "auto") -> dict:
-    from components.shared.devices import resolve_device
     from components.shared.params import EvalModelSpec
     from components.suite.model_loading import load_model, resolve_model
 
@@ -128,7 +127,7 @@ def run(models: dict[str, str], out: Path, scenes: int, shape: str, seed: int, c
               "majority_accuracy": round(float(np.bincount(labels[test]).max() / test.sum()), 4), "models": {}}
     for name, uri in models.items():
         spec = EvalModelSpec(name=name, uri=uri) if Path(uri).is_dir() else EvalModelSpec(name=name, uri=uri, arch="c2lip-tiny-rn")
-        model, preprocess, tokenizer = load_model(*resolve_model(spec, out / "downloads"), spec, resolve_device(device))
+        model, preprocess, tokenizer = load_model(*resolve_model(spec, out / "downloads"), spec, device)
         pooled, tokens = image_features(model, preprocess, images)
         figures = {"which_colour_pooled": fit_probe(pooled, labels, train), "which_colour_tokens": fit_probe(tokens, labels, train),
                    "colour_present_pooled": control_probe(pooled, present, train), **text_side(model, tokenizer, suite_file)}

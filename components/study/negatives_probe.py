@@ -66,7 +66,6 @@ def prefers_caption(model, preprocess, tokenizer, scenes: list[tuple[bytes, dict
 
 
 def run(models: dict[str, str], scenes: int, fields: list[str], train: str, test: str, device: str = "auto") -> dict:
-    from components.shared.devices import resolve_device
     from components.shared.params import EvalModelSpec
     from components.suite.model_loading import load_model, resolve_model
 
@@ -76,8 +75,7 @@ def run(models: dict[str, str], scenes: int, fields: list[str], train: str, test
     result = {"scenes": {k: len(v) for k, v in splits.items()}, "models": {}}
     for name, uri in models.items():
         spec = EvalModelSpec(name=name, uri=uri)
-        model, preprocess, tokenizer = load_model(*resolve_model(spec, Path("data/evaluate_cache/downloads")), spec,
-                                                  resolve_device(device))
+        model, preprocess, tokenizer = load_model(*resolve_model(spec, Path("data/evaluate_cache/downloads")), spec, device)
         row = {}
         for split, data in splits.items():
             for field in fields:

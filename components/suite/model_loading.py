@@ -110,7 +110,8 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(kind: str, where: Any, spec: EvalModelSpec, device: torch.device | str = "cpu", precision: str = "fp32"):
-    """(model in eval mode on ``device`` with its weights in ``precision``, preprocess, tokenizer)."""
+    """(model in eval mode on ``device`` (a device, or a name such as ``auto``) with its weights in ``precision``,
+    preprocess, tokenizer)."""
     import open_clip
 
     from components.method import models  # registers our tiny configs (and their timm towers)
