@@ -212,12 +212,11 @@ PROSE_FIELDS = {"description", "name", "preset"}  # text fields that are never p
 
 def looks_like_local_path(value: Any) -> bool:
     """A text field's value that names a local file or folder (shards, ``model.init``, a model's ``uri``, a benchmark
-    file, a captioner's folder): it holds a "/" or starts with "." or "~", and is no URI (``models:/…``, ``https://…``,
-    ``hf-hub:…``); an open_clip tag or ``scratch`` is not one."""
+    file, a captioner's folder): it holds a "/" or starts with ".", and is no URI (``models:/…``, ``https://…``,
+    ``hf-hub:…``); an open_clip tag or ``scratch`` is not one. (No stage expands "~": it is a folder name there.)"""
     import re
 
-    return (isinstance(value, str) and ("/" in value or value.startswith((".", "~")))
-            and not re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", value))
+    return isinstance(value, str) and ("/" in value or value.startswith(".")) and not re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", value)
 
 
 def confine_paths(root: Path, values: Any, model: type, where: str) -> None:
@@ -237,7 +236,7 @@ def confine_paths(root: Path, values: Any, model: type, where: str) -> None:
         if _is_path(annotation) or (_is_text(annotation) and key not in PROSE_FIELDS):  # shards, model.init, uris: paths
             for one in value if isinstance(value, list) else value.values() if isinstance(value, dict) else [value]:
                 if _is_path(annotation) or looks_like_local_path(one):
-                    path_inside(root, str(Path(str(one)).expanduser()) if str(one).startswith("~") else one, f"{where}.{key}")
+                    path_inside(root, one, f"{where}.{key}")
         for sub in _models_in(annotation):
             mapping = isinstance(value, dict) and _is_mapping_of_models(annotation)  # dict[str, Model]: its values
             confine_paths(root, list(value.values()) if mapping else value, sub, f"{where}.{key}")
