@@ -28,7 +28,7 @@ def _stage_of(path) -> str:
 
 
 def test_every_preset_validates_for_the_stage_its_first_line_names():
-    presets = sorted((PARAMS_DIR / "presets").glob("*.yaml"))
+    presets = sorted((PARAMS_DIR / "presets").rglob("*.yaml"))
     assert presets
     for path in presets:
         stage = _stage_of(path)
@@ -70,7 +70,7 @@ def test_stage_code_follows_imports_inside_functions_and_data_files():
     evaluate = {p.relative_to(REPO).as_posix() for p in stage_code("components.evaluate")}
     # evaluate imports the model configs only inside load_model; they are code it runs all the same
     assert "components/method/models.py" in evaluate
-    assert any(p.startswith("components/method/model_configs/") for p in evaluate)
+    assert any(p.startswith("components/shared/model_configs/") for p in evaluate)
     assert "components/method/losses.py" not in evaluate  # and nothing it never imports
 
 
@@ -110,3 +110,44 @@ def test_no_stage_imports_another_stage():
         imported = [m for m in stage_modules(f"components.{stage}") if m.count(".") == 1 and m.split(".")[1] in STAGE_MODULES]
         others = [m for m in imported if m != f"components.{stage}"]
         assert not others, f"the stage components.{stage} imports the stage module(s) {others}"
+
+
+# the floors of the house, ground floor first: a library imports its own floor and those below, never one above
+FLOORS = ("shared", "data", "method", "suite", "study")
+
+
+def _library_modules() -> dict[str, str]:
+    """Every library module's name -> its floor."""
+    return {f"components.{floor}.{p.stem}": floor for floor in FLOORS for p in sorted((REPO / "components" / floor).glob("*.py"))
+            if p.stem != "__init__"}
+
+
+def test_libraries_import_only_their_floor_and_those_below():
+    from components.shared.stage_code import _imports, module_path
+
+    modules = _library_modules()
+    upward = []
+    for module, floor in modules.items():
+        for imported in sorted(_imports(module_path(module))):
+            other = imported.split(".")[1]
+            if other in FLOORS and FLOORS.index(other) > FLOORS.index(floor):
+                upward.append(f"{module} imports {imported}")
+    assert not upward, "imports that reach up a floor (docs/architecture.md):\n" + "\n".join(upward)
+
+
+def test_no_two_modules_import_each_other_even_lazily():
+    from components.shared.stage_code import _imports, module_path
+
+    graph = {m: {i for i in _imports(module_path(m)) if i in _library_modules() or i.count(".") == 1} - {m} for m in _library_modules()}
+    circles = []
+    for start in graph:  # a depth-first walk from each module back to itself
+        todo, seen = [(start, (start,))], set()
+        while todo:
+            module, path = todo.pop()
+            for nxt in graph.get(module, ()):
+                if nxt == start:
+                    circles.append(" -> ".join((*path, start)))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    todo.append((nxt, (*path, nxt)))
+    assert not circles, "import circles:\n" + "\n".join(sorted(set(circles))[:10])

@@ -18,6 +18,7 @@ from PIL import Image
 
 from components import compare
 from components.data import shapesworld as sw
+from components.data import shapesworld_rules as rules
 from components.data import stream
 from components.method import batches, losses
 from components.method import hard_examples as he
@@ -127,16 +128,16 @@ def test_caption_negatives_are_false_and_positives_true_of_the_scene():
         vocabulary = [(c, s) for c in ShapesWorldParams().colors for s in ShapesWorldParams().shapes if (c, s) not in held]
         for field in ("long", "short"):
             parsed = he.parse_shapes_caption(captions[field])
-            assert parsed is not None and parsed.text() == captions[field] and parsed.holds(meta)
+            assert parsed is not None and parsed.text() == captions[field] and rules.caption_holds(parsed, meta)
             negatives = he.caption_negatives(parsed, meta, np.random.default_rng(index), vocabulary)
             for kind, negative in negatives.items():
-                assert not negative.holds(meta), (kind, captions[field], negative.text())  # a negative always changes the meaning
+                assert not rules.caption_holds(negative, meta), (kind, captions[field], negative.text())  # a negative always changes the meaning
                 assert not set(negative.pairs()) & set(held)  # never names a held-out pair
                 if kind.startswith("swap"):  # a swap keeps every word: only binding tells them apart
                     assert sorted(re.findall(r"\w+", negative.text())) == sorted(re.findall(r"\w+", captions[field]))
                 made[kind] = made.get(kind, 0) + 1
             for kind, positive in he.caption_positives(parsed).items():
-                assert positive.holds(meta) and positive.text() != captions[field], (kind, positive.text())
+                assert rules.caption_holds(positive, meta) and positive.text() != captions[field], (kind, positive.text())
                 kept[kind] = kept.get(kind, 0) + 1
     assert set(made) == set(he.SWAP_AND_REPLACE) and min(made.values()) > 100
     assert set(kept) == {"reorder", "invert", "synonym"}
@@ -149,7 +150,7 @@ def test_a_positive_survives_every_scene_where_the_caption_holds():
     for _meta, captions, _ in scenes[:20]:
         parsed = he.parse_shapes_caption(captions["long"])
         for positive in he.caption_positives(parsed).values():
-            assert all(positive.holds(other) == parsed.holds(other) for other, _, _ in scenes)
+            assert all(rules.caption_holds(positive, other) == rules.caption_holds(parsed, other) for other, _, _ in scenes)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -297,7 +298,7 @@ def test_method_params_and_compare_params_reject_what_cannot_run(tmp_path):
         compare.plan(bad)
     assert len(compare.plan(load_params("compare"))) == 7 * 3  # the shipped comparison: 7 arms, 3 seeds
     for variant in ("single", "crowded"):  # the world-difficulty presets: the variant's own data for every run
-        params = load_params("compare", REPO / "params" / "presets" / f"compare-{variant}.yaml")
+        params = load_params("compare", REPO / "params" / "presets" / "methods" / f"compare-{variant}.yaml")
         runs = compare.plan(params)
         assert len(runs) == 9 and {r.train.data.shards[0] for r in runs} == {str(compare.world_dir(params) / "captions" / "train" / "*.tar")}
         suite = compare.evaluate_params(params).benchmarks  # every benchmark reads the variant's own files

@@ -7,6 +7,7 @@ import pytest
 
 from components.data import shapesworld as sw
 from components.data import shapesworld_grammar as grammar
+from components.data import shapesworld_rules as rules
 from components.method import hard_examples as he
 from components.shared.params import ShapesWorldParams
 
@@ -25,7 +26,7 @@ def test_every_long_and_short_caption_round_trips_into_true_claims(world):
             parsed = grammar.parse_shapes_caption(captions[field])
             assert parsed is not None, (field, captions[field])
             assert parsed.text() == captions[field]
-            assert parsed.holds(meta), captions[field]
+            assert rules.caption_holds(parsed, meta), captions[field]
         long = grammar.parse_shapes_caption(captions["long"])
         kinds = [s.kind for s in long.sentences]
         # the count sentence stays verbatim; every object and every relation is a structured claim
@@ -50,7 +51,7 @@ def test_an_edited_claim_renders_in_the_same_grammar_and_is_checked_false():
     negatives = he.caption_negatives(parsed, meta, np.random.default_rng(0), vocabulary)
     assert negatives, captions["long"]
     for kind, negative in negatives.items():
-        assert not negative.holds(meta), kind
+        assert not rules.caption_holds(negative, meta), kind
         again = grammar.parse_shapes_caption(negative.text())  # the edit is still in the world's grammar
         assert again is not None and again.text() == negative.text()
 

@@ -175,7 +175,7 @@ class Sentence:
 @dataclass(frozen=True)
 class ShapesCaption:
     """A ShapesWorld caption as sentences whose claims can be edited (and checked against a scene with
-    :func:`components.data.shapesworld_rules.holds`)."""
+    :func:`components.data.shapesworld_rules.caption_holds`: the rules read this module, never the reverse)."""
 
     sentences: tuple[Sentence, ...]
 
@@ -185,12 +185,6 @@ class ShapesCaption:
     def claims(self) -> list[Description]:
         """What the caption claims (verbatim sentences claim nothing the rules check)."""
         return [c for c in (s.claim() for s in self.sentences) if c is not None]
-
-    def holds(self, meta: dict[str, Any]) -> bool:
-        """Every claim true of the scene (verbatim sentences are the original caption's, true by construction)."""
-        from components.data import shapesworld_rules as rules  # the rules read this module's claim types
-
-        return all(rules.holds(c, meta["objects"], meta.get("background")) for c in self.claims())
 
     def pairs(self) -> list[tuple[str, str]]:
         """The (color, shape) pairs named, in order of first mention."""

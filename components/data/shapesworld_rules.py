@@ -47,6 +47,12 @@ def holds(desc: Description, objects: list[dict[str, Any]], background: str | No
     return False
 
 
+def caption_holds(caption: grammar.ShapesCaption, meta: dict[str, Any]) -> bool:
+    """Every claim of a parsed caption true of the scene (verbatim sentences are the original caption's, true by
+    construction)."""
+    return all(holds(c, meta["objects"], meta.get("background")) for c in caption.claims())
+
+
 def full_mention(obj: dict[str, Any]) -> Mention:
     return Mention(shape=obj["shape"], color=obj["color"], size=obj["size"])
 

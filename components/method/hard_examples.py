@@ -164,7 +164,7 @@ def caption_negatives(caption: ShapesCaption, meta: dict[str, Any], rng: np.rand
         else:
             raise ValueError(f"unknown negative kind {kind!r} (one of {', '.join(SWAP_AND_REPLACE)})")
         for k in rng.permutation(len(candidates)):
-            if set(candidates[k].pairs()) <= allowed | set(pairs) and not candidates[k].holds(meta):
+            if set(candidates[k].pairs()) <= allowed | set(pairs) and not rules.caption_holds(candidates[k], meta):
                 out[kind] = candidates[k]
                 break
     return out
@@ -261,7 +261,7 @@ def shapesworld_sentence_true(sentence: str, meta: dict[str, Any], backgrounds: 
     """Whether one ShapesWorld caption sentence is true of a scene: its object / relation claims (exact), and
     the object count and background it names (``backgrounds``: the background words to recognise)."""
     parsed = parse_shapes_caption(sentence)
-    if parsed is not None and not parsed.holds(meta):
+    if parsed is not None and not rules.caption_holds(parsed, meta):
         return False
     words = set(re.findall(r"[a-z]+", sentence.lower()))
     counts, named = words & set(NUMBER_WORDS), words & backgrounds

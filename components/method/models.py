@@ -8,53 +8,19 @@ checkpoint loading.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from pathlib import Path
 
 import open_clip
-import timm
 import torch
 from open_clip.modified_resnet import AttentionPool2d, ModifiedResNet
 from open_clip.timm_model import TimmModel
 from open_clip.tokenizer import HFTokenizer
 from open_clip.transformer import VisionTransformer as OpenClipViT
 from timm.layers import AttentionPoolLatent
-from timm.models import register_model
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
+# our tiny configs, registered with open_clip (and timm) on import; their names are re-exported for the method's callers
+from components.shared.architectures import CONFIG_DIR, TINY_CLIP, TINY_RN, TINY_SIGLIP  # noqa: F401
 from components.shared.safe_load import refuse_remote_code
-
-CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
-# SigLIP-like (timm ViT, MAP head, sigmoid loss) and CLIP-like (class token + proj). The names avoid
-# "siglip": open_clip then picks its HF SigLIP tokenizer, which needs transformers and the hub; both
-# use open_clip's built-in tokenizer, which ships in the package.
-TINY_SIGLIP = "c2lip-tiny-map"
-TINY_CLIP = "c2lip-tiny-cls"
-# The default for ShapesWorld: a CLIP-style ResNet (attention pooling) with SigLIP's sigmoid loss and
-# logit bias. From scratch on 2 CPU cores it learns shapes where the ViTs above learn only colours, and
-# it is built by open_clip alone (no timm registration), so its exports load anywhere.
-TINY_RN = "c2lip-tiny-rn"
-
-
-# The tiny SigLIP-like tower: a timm ViT with a MAP head and no class token, as in SigLIP, small enough to
-# train from scratch on 2 CPU cores. Registered with timm so an open_clip config can name it.
-if "c2lip_vit_tiny_map" not in timm.list_models("c2lip_*"):
-
-    @register_model
-    def c2lip_vit_tiny_map(pretrained: bool = False, **kwargs) -> TimmViT:
-        """64 px, patch 8 (64 tokens), width 128, 4 layers, 4 heads, MAP pooling, no class token."""
-        args = dict(
-            img_size=64, patch_size=8, embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0,
-            class_token=False, global_pool="map", num_classes=0,
-        )
-        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm's factory bookkeeping
-            kwargs.pop(key, None)
-        args.update(kwargs)
-        if pretrained:
-            raise ValueError("c2lip_vit_tiny_map has no pretrained weights; train it with the base stage")
-        return TimmViT(**args)
-
-
-open_clip.add_model_config(CONFIG_DIR)
 
 
 def hf_text_cfg(text_tower) -> dict:

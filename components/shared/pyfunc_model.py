@@ -30,7 +30,7 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         import open_clip
 
-        import components.method.models  # noqa: F401  registers our tiny configs with open_clip (and timm)
+        import components.shared.architectures  # noqa: F401  registers our tiny configs with open_clip (and timm)
         from components.shared.checkpoints import refuse_export_code
 
         folder = context.artifacts[EXPORT_ARTIFACT]

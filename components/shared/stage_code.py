@@ -14,7 +14,7 @@ from pathlib import Path
 from components.shared.params import ROOT
 
 # data files a module reads at run time (they change what it computes like code does)
-DATA_FILES = {"components.method.models": ["components/method/model_configs"]}
+DATA_FILES = {"components.shared.architectures": ["components/shared/model_configs"]}
 
 
 def module_path(module: str) -> Path | None:
