@@ -68,7 +68,7 @@ def test_no_user_facing_text_cites_an_internal_issue_number():
 def test_every_comparison_presets_report_would_be_committed():
     """A preset's report is what its docs page shows (docs/tools/gen_pages.py): one that git ignores is lost with the
     machine that ran it, and the page with it. Galleries are outputs and stay out."""
-    reports = sorted({m.group(1) for preset in (REPO / "params" / "presets").glob("*.yaml")
+    reports = sorted({m.group(1) for preset in (REPO / "params" / "presets").rglob("*.yaml")
                       for m in [re.search(r"^report_dir:\s*(reports/[\w.-]+)\s*$", preset.read_text(), flags=re.MULTILINE)] if m})
     assert "reports/calibrate-base" in reports, reports
     paths = [f"{folder}/{name}" for folder in reports for name in ("compare.md", "compare.json", "compare.png")]

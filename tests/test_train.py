@@ -103,7 +103,7 @@ def test_a_deepspeed_config_may_not_set_what_our_params_own(tiny_data, tmp_path)
 def test_the_presets_load_and_validate():
     default = load_params("train", REPO / "params" / "train.yaml")
     base = load_params("train", REPO / "params" / "base.yaml")
-    paper = load_params("train", REPO / "params" / "presets" / "paper.yaml")
+    paper = load_params("train", REPO / "params" / "presets" / "recipe" / "paper.yaml")
     assert default.model.init == "models/base/export" and base.model.init == "scratch"
     assert base.method.name == "siglip" and default.method.name == "c2lip"
     assert (paper.model.name, paper.model.init, paper.global_batch, paper.micro_batch) == ("ViT-B-16-SigLIP", "webli", 768, 96)

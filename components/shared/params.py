@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import fcntl
+import re
 from pathlib import Path
 from typing import Any
 
@@ -104,10 +105,13 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def read_yaml(path: Path | str) -> Any:
-    """A params YAML's data. A missing file, bad YAML, a key given twice, or a file with no document at all
-    (empty or only comments: a truncated or wrong file, which would otherwise run on every default) is a
-    ParamsError naming the file; ``{}`` states "all defaults" explicitly."""
+# A params file may name the file it extends (a path relative to its own folder): the parent's mapping, with this
+# file's mapping merged over it by deep_merge, is what the file says. Resolved before validation, so pydantic sees
+# (and names errors in) the whole.
+EXTENDS = "extends"
+
+
+def _read_one(path: Path | str) -> Any:
     if not Path(path).is_file():
         raise ParamsError(f"{path}: params file not found")
     try:
@@ -120,6 +124,45 @@ def read_yaml(path: Path | str) -> Any:
     if data is None:
         raise ParamsError(f"{path}: no params in the file (empty or only comments); write `{{}}` to run on every default")
     return data
+
+
+def extends_chain(path: Path | str) -> list[Path]:
+    """The files ``path``'s mapping is built from, itself first, then what it extends, and so on; a missing parent,
+    a cycle or an ``extends`` that is not a file name is a ParamsError naming the file."""
+    chain = [Path(path)]
+    while True:
+        data = _read_one(chain[-1])
+        if not isinstance(data, dict) or EXTENDS not in data:
+            return chain
+        parent = data[EXTENDS]
+        if not isinstance(parent, str) or not parent.strip():
+            raise ParamsError(f"{chain[-1]}: {EXTENDS}: expected the path of the params file it extends, got {parent!r}")
+        parent_path = chain[-1].parent / parent
+        if any(parent_path.resolve() == seen.resolve() for seen in chain):
+            cycle = " -> ".join(str(p) for p in (*chain, parent_path))
+            raise ParamsError(f"{chain[-1]}: {EXTENDS}: {parent!r} closes a cycle ({cycle})")
+        if not parent_path.is_file():
+            raise ParamsError(f"{chain[-1]}: {EXTENDS}: {parent!r} not found ({parent_path}; the path is relative to the file's folder)")
+        chain.append(parent_path)
+
+
+def read_yaml(path: Path | str) -> Any:
+    """A params YAML's data, with what it extends merged under it (:data:`EXTENDS`: mappings merged, lists and values
+    replaced). A missing file, bad YAML, a key given twice, or a file with no document at all (empty or only
+    comments: a truncated or wrong file, which would otherwise run on every default) is a ParamsError naming the
+    file; ``{}`` states "all defaults" explicitly."""
+    merged: Any = None
+    for file in reversed(extends_chain(path)):
+        data = _read_one(file)
+        if merged is None:
+            merged = data
+            continue
+        if not isinstance(data, dict) or not isinstance(merged, dict):
+            raise ParamsError(f"{file}: {EXTENDS}: both files must hold a mapping of keys at the top level")
+        merged = deep_merge(merged, data)
+    if isinstance(merged, dict):
+        merged.pop(EXTENDS, None)
+    return merged
 
 
 def deep_merge(base: dict, change: dict) -> dict:
@@ -180,3 +223,71 @@ def flatten_params(model: BaseModel, prefix: str = "") -> dict[str, str]:
         else:
             flat[key] = str(list(value) if isinstance(value, tuple) else value)
     return flat
+
+
+# --------------------------------------------------------------------------------------------------
+# python -m components.shared.params show PRESET: a preset as the stage reads it
+# --------------------------------------------------------------------------------------------------
+
+_COMMAND = re.compile(r"#.*?(?:-m|--module) components\.(\w+)")
+
+
+def stage_of_file(path: Path | str) -> str:
+    """The stage a params file is for: ``params/<stage>.yaml``'s name, else the command its first line names
+    (``# python -m components.<stage> --params ...``, the presets' rule), the nearest file of its chain first."""
+    if Path(path).parent.resolve() == PARAMS_DIR.resolve() and Path(path).stem in STAGES:
+        return Path(path).stem
+    for file in extends_chain(path):
+        lines = file.read_text().splitlines()
+        if lines and (m := _COMMAND.match(lines[0])) and m[1] in STAGES:
+            return m[1]
+    raise ParamsError(f"{path}: cannot tell which stage it is for: its first line does not name the command that uses it "
+                      "(# python -m components.<stage> --params ...); pass --stage")
+
+
+def show(path: Path | str, stage: str | None = None, every_value: bool = False) -> str:
+    """The YAML of ``path`` with what it extends merged in and validated; with ``every_value`` the schema's defaults too."""
+    stage = stage or stage_of_file(path)
+    data = read_yaml(path)
+    validated = validate_params(stage, data, path)
+    body = validated.model_dump(mode="json") if every_value else data
+    chain = " extends ".join(str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p) for p in extends_chain(path))
+    header = f"# {chain}\n# stage: {stage}; {'every value, the defaults included' if every_value else 'what the files set'}; valid\n"
+    return header + yaml.safe_dump(body, sort_keys=False, allow_unicode=True, width=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m components.shared.params",
+                                     description="Print a params file or preset fully resolved (what it extends merged in) and validated.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    show_parser = sub.add_parser("show", help="print a params file or preset resolved")
+    show_parser.add_argument("preset", help="a params file (params/presets/calibration/base-calibrated.yaml) or a preset's "
+                                            "name (base-calibrated), looked up under params/presets/")
+    show_parser.add_argument("--stage", choices=sorted(STAGES), help="the stage it is for (default: from its first line)")
+    show_parser.add_argument("--all", action="store_true", help="every value, the schema's defaults included")
+    args = parser.parse_args(argv)
+    try:
+        print(show(find_preset(args.preset), args.stage, args.all), end="")
+    except ParamsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def find_preset(name: str) -> Path:
+    """A params file's path as given, or the preset of that name (``<name>.yaml`` anywhere under params/presets/)."""
+    if Path(name).is_file():
+        return Path(name)
+    found = sorted((PARAMS_DIR / "presets").rglob(f"{Path(name).stem}.yaml"))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ParamsError(f"{name}: no such file and no preset of that name under {PARAMS_DIR / 'presets'}")
+    raise ParamsError(f"{name}: several presets have that name: {[str(p) for p in found]}; give the path")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -69,7 +69,7 @@ report_page("results/reports/benchmarks.md", RUN / "benchmarks.md", RUN / "bench
             "" if OWN_RUN else " The shipped example run; `make run` writes your own into reports/benchmarks.md.")
 gallery_for("results/reports/benchmarks.md", RUN / "gallery", "gallery", "gallery")
 report_page("results/reports/bases.md", REPORTS / "base-calibrated" / "benchmarks.md", REPORTS / "base-calibrated" / "benchmarks.png",
-            "The two bases", "`python -m components.evaluate --params params/presets/evaluate-bases.yaml` writes it (reports/base-calibrated/)")
+            "The two bases", "`python -m components.evaluate --params params/presets/calibration/evaluate-bases.yaml` writes it (reports/base-calibrated/)")
 gallery_for("results/reports/bases.md", REPORTS / "base-calibrated" / "gallery", "gallery", "bases-gallery")
 report_page("results/reports/compare.md", REPORTS / "compare.md", REPORTS / "compare.png",
             "Comparison of methods", "`make compare` writes it (reports/compare.md)")
@@ -80,7 +80,7 @@ def preset_reports() -> dict[str, Path]:
     """Report folder name -> the preset that writes it, for every comparison preset under params/presets/: each gets a
     page whether or not it has been run here, so the site's navigation never points at a page a fresh clone lacks."""
     found = {}
-    for preset in sorted((ROOT / "params" / "presets").glob("*.yaml")):
+    for preset in sorted((ROOT / "params" / "presets").rglob("*.yaml")):
         match = re.search(r"^report_dir:\s*reports/([\w.-]+)\s*$", preset.read_text(), flags=re.MULTILINE)
         if match:
             found[match.group(1)] = preset.relative_to(ROOT)

@@ -96,6 +96,10 @@ def page() -> str:
         "`docs/tools/params_reference.py` (`make params-reference`); a test fails when this page and the schema disagree.",
         "`params/<stage>.yaml` states the defaults; a value of the wrong type or out of bounds stops the stage with the",
         "file, the key and the reason. Nested sections are listed with dotted names (`data.shards`).",
+        "A file may start with `extends: <file>` (a path relative to its folder): that file's values with this one's merged",
+        "over them, mappings key by key, lists and values replaced (the presets under `params/presets/<study>/` do this;",
+        "`python -m components.shared.params show PRESET` prints one resolved).",
+        "",
     ]
     total = 0
     for stage, model in STAGES.items():
@@ -106,7 +110,7 @@ def page() -> str:
         lines += [f"| `{p}` | {t} | {d} | {b} | {desc} |" for p, t, d, b, desc in table]
         lines.append("")
     lines.insert(6, f"{total} fields in {len(STAGES)} params files.")
-    lines.insert(7, "")
+    lines.insert(7, "")  # the count closes the first paragraph; the extends rule is the second
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The binding study on one GPU in about 10 minutes (docs/gpus.md "The binding study on one GPU"): the data stages
-# regenerate ShapesWorld, then params/presets/compare-binding-gpu.yaml runs (the methods from random weights and the
+# regenerate ShapesWorld, then params/presets/binding/compare-binding-gpu.yaml runs (the methods from random weights and the
 # positive control from the web-like base, 6 seeds, learning curves, samples to reach swap_att 0.6).
 #
 #   infra/gpu/binding.sh [WHEELS]   # on the GPU machine; WHEELS: a folder of cp312 wheels for what its Python lacks
@@ -36,9 +36,9 @@ import sys
 import yaml
 
 tmp, dry = sys.argv[1], sys.argv[2] == "1"
-base = yaml.safe_load(open("params/presets/base-calibrated.yaml"))
-bases = yaml.safe_load(open("params/presets/evaluate-bases.yaml"))
-paper = yaml.safe_load(open("params/presets/paper-calibrated.yaml"))
+base = yaml.safe_load(open("params/presets/calibration/base-calibrated.yaml"))
+bases = yaml.safe_load(open("params/presets/calibration/evaluate-bases.yaml"))
+paper = yaml.safe_load(open("params/presets/calibration/paper-calibrated.yaml"))
 base["data"]["workers"] = 3
 paper.update(parallel=4)
 paper["common"]["data"]["workers"] = 3
@@ -71,7 +71,7 @@ PYEOF
   exit 0
 fi
 
-preset=params/presets/compare-binding-gpu.yaml
+preset=params/presets/binding/compare-binding-gpu.yaml
 report=reports/compare-binding-gpu
 if [ "${DRY_RUN:-0}" = 1 ]; then
   report=reports/dry-run-binding
@@ -82,7 +82,7 @@ import sys
 import yaml
 
 out, report = sys.argv[1:]
-cfg = yaml.safe_load(open("params/presets/compare-binding-gpu.yaml"))
+cfg = yaml.safe_load(open("params/presets/binding/compare-binding-gpu.yaml"))
 cfg.update(seeds=[0], parallel=2, output_dir="models/compare-binding-dry-run", report_dir=report)
 cfg["common"].update(steps=2, global_batch=8, micro_batch=8, checkpoint_every=1)
 cfg["common"]["data"]["workers"] = 1
