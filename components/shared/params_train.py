@@ -226,9 +226,9 @@ class MethodParams(Strict):
 
 class OptimParams(Strict):
     """AdamW with linear warm-up then cosine decay. The defaults are the ShapesWorld fine-tune's (a tiny model
-    needs a larger lr and faster-moving logit scale/bias); the paper's recipe is params/presets/paper.yaml."""
+    needs a larger lr and faster-moving logit scale/bias); the paper's recipe is params/presets/recipe/paper.yaml."""
 
-    lr: float = Field(1e-4, gt=0, description="Peak learning rate (the paper's 1e-5 is in params/presets/paper.yaml).")
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate (the paper's 1e-5 is in params/presets/recipe/paper.yaml).")
     betas: tuple[float, float] = Field((0.9, 0.98), description="AdamW betas.")
     eps: float = Field(1e-6, gt=0, description="AdamW epsilon.")
     weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay (not on gains, biases, logit scale/bias).")
