@@ -16,7 +16,10 @@ REPORTS = ROOT / "reports"
 EXAMPLE = REPORTS / "example-run"
 # charts the hand-written pages show, under the site's assets/
 ASSETS = {"benchmarks.png": EXAMPLE / "benchmarks.png", "compare.png": REPORTS / "compare.png",
-          "compare-logits.png": REPORTS / "compare-logits.png", "base_loss.png": ROOT / "models" / "base" / "loss.png"}
+          "compare-logits.png": REPORTS / "compare-logits.png", "base_loss.png": ROOT / "models" / "base" / "loss.png",
+          # the learning curves the results pages open with
+          "curves-compare-binding.png": REPORTS / "compare-binding" / "curves.png",
+          "curves-paper-calibrated-short-480.png": REPORTS / "paper-calibrated-short-480" / "curves.png"}
 
 
 def copy(source: Path, target: str) -> bool:
