@@ -4,6 +4,7 @@ issue number."""
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -11,13 +12,20 @@ import pytest
 from conftest import HANG_S, REPO
 
 
-def test_the_site_builds_strictly(tmp_path):
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory):
+    """The site as `make docs` builds it (strict: a broken link or an unlisted page fails), built once for the module."""
     pytest.importorskip("mkdocs", reason="mkdocs is in the dev group: `make test` installs it")
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+    site = tmp_path_factory.mktemp("docs") / "site"
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
                             cwd=REPO, capture_output=True, text=True, timeout=HANG_S,
                             env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"})
     assert result.returncode == 0, result.stderr[-3000:]
-    site = tmp_path / "site"
+    return site
+
+
+def test_the_site_builds_strictly(built_site):
+    site = built_site
     for page in ("index.html", "params/index.html", "stages/concepts/index.html", "results/reports/benchmarks/index.html"):
         assert (site / page).is_file(), page
     report = (site / "results" / "reports" / "benchmarks" / "index.html").read_text()
@@ -77,3 +85,48 @@ def test_every_comparison_presets_report_would_be_committed():
     assert ignored.stdout.split() == [], f"git ignores these reports: {ignored.stdout.split()}"
     gallery = subprocess.run(["git", "check-ignore", "--no-index", f"{reports[0]}/compare-gallery/index.html"], cwd=REPO, capture_output=True, text=True)
     assert gallery.returncode == 0, "a comparison's gallery should stay out of git"
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (Debian: apt-get install chromium); the results "
+                    "pages' browser check needs it")
+@pytest.mark.parametrize("width", [1280, 820])
+def test_the_home_and_results_pages_open_with_an_answer_that_fits_and_a_picture_that_loads(built_site, width):
+    """As a reader sees them in a browser: the home page shows the findings table; each results page opens with its
+    answer table, which fits the page without scrolling sideways, and its curves (a picture that loads); on a laptop's
+    screen no table of a results page scrolls sideways."""
+    from playwright.sync_api import sync_playwright
+
+    pages = ["index.html", *(f"results/{name}/index.html" for name in ("default-run", "comparison", "what-this-shows", "calibration"))]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], timeout=HANG_S * 1000)
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        page.set_default_timeout(HANG_S * 1000)
+        page.set_default_navigation_timeout(HANG_S * 1000)
+        for name in pages:
+            page.goto((built_site / name).as_uri())
+            page.wait_for_load_state("load")
+            first = page.evaluate("""() => {
+                const tables = [...document.querySelectorAll('article table')];
+                const table = tables.find(t => t.querySelector('th')?.textContent.trim() === 'setting');
+                if (!table) return {header: tables.length ? [...tables[0].querySelectorAll('th')].map(th => th.textContent.trim()) : []};
+                const wrap = table.closest('.md-typeset__scrollwrap') || table.parentElement;
+                const header = [...table.querySelectorAll('th')].map(th => th.textContent.trim());
+                return {header, first: tables.indexOf(table), tableWidth: table.scrollWidth, room: wrap.clientWidth,
+                        rows: table.querySelectorAll('tbody tr').length};
+            }""")
+            assert first["header"][:3] == ["setting", "question", "answer: Δ [95% interval]"], (name, first["header"])
+            assert first["rows"] >= 1 and first["tableWidth"] <= first["room"] + 1, (name, width, first)
+            assert name == "index.html" or first["first"] == 0, f"{name}: the answer is not the page's first table"
+            if width >= 1280:  # on a laptop's screen every table of the page fits, the evidence's too
+                wide = page.evaluate("""() => [...document.querySelectorAll('article table')]
+                    .filter(t => t.scrollWidth > (t.closest('.md-typeset__scrollwrap') || t.parentElement).clientWidth + 1)
+                    .map(t => t.querySelector('th')?.textContent.trim())""")
+                assert not wide, f"{name}: tables that scroll sideways at {width} px, headed {wide}"
+            if name != "index.html":
+                picture = page.evaluate("""() => { const img = document.querySelector('article img');
+                    return img ? {src: img.getAttribute('src'), width: img.naturalWidth} : null; }""")
+                assert picture and picture["width"] > 0, (name, picture)
+        browser.close()
