@@ -98,6 +98,15 @@ def kill_stage_midway(stage: str, cfg: dict, tmp_path: Path, finished_glob: str,
     return len(list(tmp_path.glob(finished_glob))), cmd
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server a test starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def make_clone(tmp_path: Path, train_steps: int = 2) -> tuple[Path, dict]:
     """What a fresh clone has (committed files only), with tiny params, as a git repo; returns (clone, env)
     with MLflow pointed into ``tmp_path``."""

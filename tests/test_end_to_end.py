@@ -6,9 +6,6 @@ tests by file (pytest-xdist --dist loadfile), so this module's tests share it on
 import csv
 import io
 import json
-import os
-import re
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +13,7 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import HANG_S, REPO, copy_clone, make_clone
+from conftest import HANG_S, REPO, copy_clone, free_port
 
 from flows import workspace
 
@@ -84,13 +81,6 @@ def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(reproduced_clone, tmp_
     assert "params/captions.yaml" in status.stdout and "seed" in status.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.slow
 def documented_deployment_runs(page, budget: bool = True) -> list[tuple[str, list[str]]]:
     """The `prefect deployment run` examples of a page, in order: (deployment, its --param values); with ``budget`` the
     full run's ``overrides`` become the test's own (3 training steps)."""
@@ -107,13 +97,14 @@ def documented_deployment_runs(page, budget: bool = True) -> list[tuple[str, lis
     return runs
 
 
+@pytest.mark.slow
 def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
     """A Prefect server on 127.0.0.1 (temporary PREFECT_HOME), the deployments served from a clone (whose
     data stages DVC already ran), then `prefect deployment run`: a run refused while another holds the
     workspace, a full run with an override (waited to COMPLETED; params files untouched; a DVC
     experiment; a registered challenger), and a promotion."""
     work, env = copy_clone(reproduced_clone, tmp_path)
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=api, PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_UI_ENABLED="false")
@@ -211,62 +202,3 @@ def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
                     proc.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-
-
-@pytest.mark.slow
-def test_make_serve_on_a_fresh_clone_evaluates_the_committed_base(tmp_path):
-    """`make serve`'s script on a fresh clone (no data, no .prefect/): the server, the deployments and the reports
-    server come up; the evaluate deployment of the committed base builds the ShapesWorld suite it needs, writes its
-    report, serves it over http, and its Prefect artifact names the MLflow run that logged it."""
-    import signal
-
-    from components.benchmarks import SUITE_MARKER
-
-    work, env = make_clone(tmp_path)
-    assert not (work / "data" / "benchmarks").exists() and not (work / ".prefect").exists()
-    port, reports_port = _free_port(), _free_port()
-    env = {k: v for k, v in env.items() if k != "PREFECT_HOME"}  # the script's own default: the clone's .prefect/
-    env.update(PREFECT_PORT=str(port), C2LIP_REPORTS_PORT=str(reports_port), PREFECT_UI_ENABLED="false",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    api = f"http://127.0.0.1:{port}/api"
-    client_env = {**env, "PREFECT_API_URL": api, "PREFECT_HOME": str(work / ".prefect")}
-    prefect = str(REPO / ".venv" / "bin" / "prefect") if (REPO / ".venv" / "bin" / "prefect").exists() else "prefect"
-    serving = subprocess.Popen(["bash", "infra/serve.sh"], cwd=work, env=env, stdout=open(tmp_path / "serve.log", "w"),
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + HANG_S
-        while "evaluate" not in subprocess.run([prefect, "deployment", "ls"], env=client_env, capture_output=True, text=True).stdout:
-            assert time.time() < deadline and serving.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            time.sleep(2)
-        assert (work / ".prefect" / "server.log").is_file()  # the log the script names exists
-        model = json.dumps({"name": "base", "uri": "models/base/export"})
-        done = subprocess.run([prefect, "deployment", "run", "c2lip/evaluate", "--watch", "--watch-timeout", str(HANG_S),
-                               "--param", f"model={model}"], env=client_env, capture_output=True, text=True, timeout=HANG_S + 60)
-        log = (tmp_path / "serve.log").read_text()
-        assert done.returncode == 0 and "Completed" in done.stdout, done.stdout + done.stderr + log[-4000:]
-        assert "building it (dvc repro benchmarks)" in log and (work / "data" / "benchmarks" / "shapesworld" / SUITE_MARKER).is_file()
-        # the evaluation runs as a task whose bars reach the flow's log a tenth at a time, not the worker's stderr
-        assert re.search(r"base images: \d+/\d+ \(\d+%\), elapsed", log), log[-4000:]
-        report = work / "reports" / "adhoc" / "base"
-        metrics = json.loads((report / "metrics.json").read_text())
-        suite = json.loads((work / "data" / "benchmarks" / "shapesworld" / "stats.json").read_text())
-        assert metrics["base/zero_shot/items"] == suite["zero_shot"]["images"] and 0 <= metrics["base/zero_shot/top1"] <= 1
-        # served over http on 127.0.0.1, as the link artifacts point
-        with urllib.request.urlopen(f"http://127.0.0.1:{reports_port}/adhoc/base/benchmarks.md", timeout=HANG_S) as page:
-            assert page.read() == (report / "benchmarks.md").read_bytes()
-        # the report artifact names the MLflow run that logged the same report
-        shown = subprocess.run([prefect, "artifact", "inspect", "c2lip-evaluate-base"], env={**client_env, "COLUMNS": "250"},
-                               capture_output=True, text=True)
-        import mlflow
-
-        mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-        run = mlflow.search_runs(experiment_names=["c2lip"], filter_string=f"tags.report_dir = '{report.resolve()}'", output_format="list")
-        assert len(run) == 1 and run[0].data.metrics["base/zero_shot/top1"] == pytest.approx(metrics["base/zero_shot/top1"], rel=1e-6)
-        assert "The same report in MLflow" in shown.stdout and run[0].info.run_id in shown.stdout, shown.stdout + shown.stderr
-    finally:
-        if serving.poll() is None:
-            os.killpg(serving.pid, signal.SIGTERM)
-            try:
-                serving.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(serving.pid, signal.SIGKILL)

@@ -2,13 +2,13 @@
 chunking, and distributed correctness (2 gloo processes against one process on the same batch)."""
 
 import os
-import socket
 
 import open_clip
 import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from conftest import free_port
 
 from components.method import models
 from components.method.batches import concept_batch
@@ -394,12 +394,6 @@ def test_siglip_method_skips_the_concept_terms():
 # --------------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _make(name, seed=0):
     model, tokenizer = _model(name, seed)
     if name == TINY_SIGLIP:
@@ -430,7 +424,7 @@ def _worker(rank, world, port, name, out_dir):
 
 @pytest.mark.parametrize("name", [TINY_SIGLIP, TINY_CLIP])
 def test_two_processes_match_one_process_on_the_global_batch(tmp_path, name):
-    mp.spawn(_worker, args=(2, _free_port(), name, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), name, str(tmp_path)), nprocs=2, join=True)
     module, tokenizer = _make(name)
     loss, grads = _loss_and_grads(module, _images(), tokenizer([f"caption {i}" for i in range(6)]), concept_batch(PHRASES, tokenizer))
     for rank in (0, 1):

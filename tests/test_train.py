@@ -327,7 +327,7 @@ def test_two_process_zero2_run_shards_the_optimizer_and_finishes(tiny_data, tmp_
 
 
 @pytest.mark.slow
-def test_a_killed_run_with_a_damaged_latest_checkpoint_resumes_and_ends_where_an_uninterrupted_run_ends(tiny_data, tmp_path, mlflow_env):
+def test_a_killed_run_resumes_past_a_damaged_checkpoint_and_a_run_killed_in_its_first_checkpoint_starts_afresh(tiny_data, tmp_path, mlflow_env):
     steps = dict(steps=6, checkpoint_every=2, zero_shot_eval=False, data={"workers": 1})
     straight = tmp_path / "straight"
     done = run_stage(write_params(tmp_path / "straight.yaml", tiny_train(tiny_data, straight, **steps)), mlflow_env)
@@ -375,6 +375,21 @@ def test_a_killed_run_with_a_damaged_latest_checkpoint_resumes_and_ends_where_an
     changed = run_stage(write_params(tmp_path / "changed.yaml", tiny_train(tiny_data, out, **{**steps, "steps": 2}, optim={"lr": 5e-4})), mlflow_env)
     assert changed.returncode == 0, changed.stderr[-3000:]
     assert "belong to other params: starting afresh" in changed.stderr and "resumed from" not in changed.stderr
+
+    # the changed run's only checkpoint (its first) without its checksums is what a kill between DeepSpeed's save and
+    # the checksums leaves: the run starts afresh
+    changed_file = tmp_path / "changed.yaml"
+    checkpoint = out / "checkpoints" / "step00000002"
+    (checkpoint / "_checksums.json").unlink()
+    again = run_stage(changed_file, mlflow_env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "was finished before the run stopped: starting afresh" in again.stderr and "resumed from" not in again.stderr
+    assert (checkpoint / "_checksums.json").is_file() and json.loads((out / "metrics.json").read_text())["steps"] == 2
+    # a finished checkpoint whose file changed afterwards is damage to look at, not a kill: the run stops and says so
+    weights = checkpoint / "mp_rank_00_model_states.pt"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    stopped = run_stage(changed_file, mlflow_env)
+    assert stopped.returncode != 0 and "no intact checkpoint to resume from" in stopped.stderr
 
 
 def test_logit_calibration_fits_scale_and_bias_to_the_sigmoid_loss():
@@ -464,24 +479,6 @@ def test_the_memo_tokenizer_gives_the_tokenizers_rows_and_starts_over_at_its_lim
     assert len(memo.rows) == 2  # over the limit: started over with this call's texts
     assert memo.context_length == tokenizer.context_length and memo([]).shape == tokenizer([]).shape
     assert torch.equal(pickle.loads(pickle.dumps(memo))(["a red circle"]), tokenizer(["a red circle"]))
-
-
-@pytest.mark.slow
-def test_a_run_killed_while_writing_its_first_checkpoint_starts_afresh_but_a_corrupted_finished_one_stops_it(tiny_data, tmp_path, mlflow_env):
-    out = tmp_path / "out"
-    params_file = write_params(tmp_path / "p.yaml", tiny_train(tiny_data, out, steps=2, checkpoint_every=2, zero_shot_eval=False))
-    assert run_stage(params_file, mlflow_env).returncode == 0
-    checkpoint = out / "checkpoints" / "step00000002"
-    (checkpoint / "_checksums.json").unlink()  # what a kill between DeepSpeed's save and the checksums leaves
-    again = run_stage(params_file, mlflow_env)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "was finished before the run stopped: starting afresh" in again.stderr and "resumed from" not in again.stderr
-    assert (checkpoint / "_checksums.json").is_file() and json.loads((out / "metrics.json").read_text())["steps"] == 2
-    # a finished checkpoint whose file changed afterwards is damage to look at, not a kill: the run stops and says so
-    weights = checkpoint / "mp_rank_00_model_states.pt"
-    weights.write_bytes(weights.read_bytes()[:1000])
-    stopped = run_stage(params_file, mlflow_env)
-    assert stopped.returncode != 0 and "no intact checkpoint to resume from" in stopped.stderr
 
 
 def test_a_share_of_crowded_scenes_trains_on_a_binding_alt_text(tiny_data, tmp_path):
