@@ -16,7 +16,8 @@ findings = importlib.util.module_from_spec(spec)
 sys.modules["findings"] = findings  # dataclasses look their module up by name
 spec.loader.exec_module(findings)
 
-REPORTS = sorted({f.report for f in findings.FINDINGS} | {report for report, _ in findings.CALIBRATION_TABLES.values()})
+REPORTS = sorted({f.report for f in findings.FINDINGS} | {report for report, _ in findings.CALIBRATION_TABLES.values()}
+                 | {report for _, report, _ in findings.BUILDS})
 
 
 def _locally_rerun() -> list[str]:

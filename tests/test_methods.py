@@ -349,6 +349,29 @@ def test_paired_differences_and_report_from_known_results(tmp_path):
     assert "| sugarcrepe/swap_att (acc) | 0.510 ± 0.010 | 0.610 ± 0.010 |" in text
 
 
+def test_one_arm_over_seeds_is_a_recipes_spread_with_a_row_per_seed(tmp_path):
+    params = CompareParams.model_validate({"seeds": [1, 2, 3], "report_dir": str(tmp_path), "reference": "calibrated",
+                                           "arms": [{"name": "calibrated"}]})
+    runs = [compare.Run("calibrated", s, tmp_path, None) for s in (1, 2, 3)]
+    results = {r.label: {"summary/binding": {1: 0.7, 2: 0.5, 3: 0.6}[r.seed], "summary/zero_shot": 0.9,
+                         "sugarcrepe/swap_att/acc": 0.6} for r in runs}
+    summary = compare.aggregate(params, runs, results, {"sugarcrepe/swap_att": "acc"})
+    assert summary["paired"] == {} and summary["metrics"]["calibrated"]["summary/binding"]["values"] == [0.7, 0.5, 0.6]
+    text = compare.markdown(params, summary, {}, {"steps": 10, "global_batch": 8, "samples": 80})
+    assert "1 arm × 3 seeds" in text and "Δ" not in text.split("## All items")[1].split("##")[0]
+    assert "| 2 | 0.500 | – | 0.900 | – |" in text and "| mean ± sd | 0.600 ± 0.100 | – | 0.900 ± 0.000 | – |" in text
+    assert compare.chart(summary)[:4] == b"\x89PNG"
+    # the shipped spread: the calibrated base's own recipe, only the seed (and the loader's worker count) differ
+    spread = load_params("compare", REPO / "params" / "presets" / "calibration" / "calibrated-builds.yaml")
+    recipe = load_params("train", REPO / "params" / "presets" / "calibration" / "base-calibrated.yaml").model_dump(mode="json")
+    for run in compare.plan(spread):
+        built = run.train.model_dump(mode="json")
+        differ = {k for k in built if built[k] != recipe[k]} - {"output_dir", "metrics_path", "plots_path", "preset", "mlflow_experiment"}
+        assert differ <= {"seed", "data", "zero_shot_every"} and built["seed"] == run.seed, differ
+        assert {k for k in built["data"] if built["data"][k] != recipe["data"][k]} == {"workers"}
+    assert sorted(r.seed for r in compare.plan(spread)) == [1, 2, 3, 4]
+
+
 # --------------------------------------------------------------------------------------------------
 # slow: every sibling method trained by the comparison, side by side, from one base
 # --------------------------------------------------------------------------------------------------

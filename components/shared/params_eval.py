@@ -343,7 +343,7 @@ class CompareParams(Strict):
     concepts_params: Path = Field(Path("params/concepts.yaml"), description="Noun-phrase extraction for a `world` variant.")
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="Seeds; every arm runs once per seed.")
     common: dict[str, Any] = Field(default_factory=dict, description="Train params every arm shares: the budget (steps, batch).")
-    arms: list[CompareArm] = Field(min_length=2, description="The arms, each a train-params change.")
+    arms: list[CompareArm] = Field(min_length=1, description="The arms, each a train-params change (one arm: a recipe's spread over seeds).")
     reference: str = Field("siglip", description="The arm every other is compared with, seed by seed (paired differences).")
     parallel: int = Field(2, ge=1, description="Arms run at once, one torch thread each (2 one-thread processes beat one 2-thread process on 2 cores).")
     world: WorldDifficulty | None = Field(None, description="A ShapesWorld variant (None: the pipeline's own data and benchmarks).")

@@ -102,10 +102,12 @@ def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, fl
     m, paired = summary["metrics"], summary["paired"]
     descriptions = {a.name: a.description for a in params.arms}
     lines = ["# Comparison of methods", "",
-             f"{len(arms)} arms × {n} seeds ({', '.join(map(str, summary['seeds']))}), each fine-tuned from the same base for "
+             f"{len(arms)} arm{'s' if len(arms) > 1 else ''} × {n} seeds ({', '.join(map(str, summary['seeds']))}), each "
+             f"{'fine-tuned from the same base' if len(arms) > 1 else 'trained by the same recipe'} for "
              f"{budget['steps']} steps of {budget['global_batch']} samples ({budget['samples']:,} samples), judged by the same suite. "
-             f"Cells: mean ± standard deviation over seeds. Paired differences: arm − `{ref}` with the same seed "
-             f"(the count says in how many seeds it was positive).", ""]
+             + ("Cells: each seed's figure, then the mean ± standard deviation over seeds (one arm: nothing is paired)." if len(arms) == 1 else
+                f"Cells: mean ± standard deviation over seeds. Paired differences: arm − `{ref}` with the same seed "
+                "(the count says in how many seeds it was positive)."), ""]
     if world:
         lines += [f"World: {world['objects_per_image']:.2f} objects per image, {world['colors']} colors × {world['shapes']} shapes, "
                   f"{world['bag_of_words_ambiguous']:.0%} of training captions describe two objects that differ in color and shape "
@@ -113,6 +115,13 @@ def markdown(params: CompareParams, summary: dict[str, Any], world: dict[str, fl
     if summary.get("not_applicable"):
         lines += [f"Not applicable in this world (no items): {', '.join(summary['not_applicable'])}.", ""]
     for title, suffix in (("All items", ""), ("Held-out (color, shape) combinations only", "_held_out")):
+        if len(arms) == 1:  # a recipe's spread over seeds: nothing to pair, one row per seed
+            lines += [f"## {title}", "", "| seed | " + " | ".join(GROUPS) + " |", "|---|" + "---:|" * len(GROUPS)]
+            stats = [m[ref].get(f"summary/{g}{suffix}") for g in GROUPS]
+            for k, seed in enumerate(summary["seeds"]):
+                lines.append(f"| {seed} | " + " | ".join(f"{st['values'][k]:.3f}" if st and k < len(st["values"]) else "–" for st in stats) + " |")
+            lines += ["| mean ± sd | " + " | ".join(_cell(st) for st in stats) + " |", ""]
+            continue
         lines += [f"## {title}", "", "| arm | " + " | ".join(f"{g}" for g in GROUPS) + " | " + " | ".join(f"Δ {g}" for g in GROUPS) + " |",
                   "|---|" + "---:|" * (2 * len(GROUPS))]
         for arm in arms:
