@@ -117,6 +117,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def is_served(api: str, deployment: str) -> bool:
+    """Whether the Prefect server at ``api`` knows the deployment ("flow/name"); False while it is not up yet. One HTTP
+    request, where `prefect deployment ls` costs seconds of CPU per call that the served flows' start-up needs."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{api}/deployments/name/{deployment}", timeout=30) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):  # 404: not registered yet; refused: the server is still starting
+        return False
+
+
 def make_clone(tmp_path: Path, train_steps: int = 2) -> tuple[Path, dict]:
     """What a fresh clone has (committed files only), with tiny params, as a git repo; returns (clone, env)
     with MLflow pointed into ``tmp_path``."""

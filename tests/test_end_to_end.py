@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import HANG_S, REPO, copy_clone, free_port
+from conftest import HANG_S, REPO, copy_clone, free_port, is_served
 
 from flows import workspace
 
@@ -107,7 +107,7 @@ def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=api, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_UI_ENABLED="false")
+               PREFECT_UI_ENABLED="false", PREFECT_RUNNER_POLL_FREQUENCY="1")  # the runner picks a run up within 1 s, not 10
     prefect = str(REPO / ".venv" / "bin" / "prefect") if (REPO / ".venv" / "bin" / "prefect").exists() else "prefect"
     server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
                               stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT)
@@ -126,10 +126,7 @@ def test_deployments_on_a_real_prefect_server(reproduced_clone, tmp_path):
 
         def deployment_run(name: str, *params: str) -> subprocess.CompletedProcess:
             deadline = time.time() + HANG_S
-            while True:  # the served deployments appear once flows.serve has registered them
-                listed = subprocess.run([prefect, "deployment", "ls"], env=env, capture_output=True, text=True)
-                if name.split("/")[1] in listed.stdout:
-                    break
+            while not is_served(api, name):  # the served deployments appear once flows.serve has registered them
                 assert time.time() < deadline and served.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
                 time.sleep(1)
             args = [prefect, "deployment", "run", name, "--watch", "--watch-timeout", str(HANG_S)]

@@ -10,7 +10,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import HANG_S, REPO, free_port, make_clone
+from conftest import HANG_S, REPO, free_port, is_served, make_clone
 
 
 @pytest.mark.slow
@@ -26,7 +26,8 @@ def test_make_serve_on_a_fresh_clone_evaluates_the_committed_base(tmp_path):
     assert not (work / "data" / "benchmarks").exists() and not (work / ".prefect").exists()
     port, reports_port = free_port(), free_port()
     env = {k: v for k, v in env.items() if k != "PREFECT_HOME"}  # the script's own default: the clone's .prefect/
-    env.update(PREFECT_PORT=str(port), C2LIP_REPORTS_PORT=str(reports_port), PREFECT_UI_ENABLED="false", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env.update(PREFECT_PORT=str(port), C2LIP_REPORTS_PORT=str(reports_port), PREFECT_UI_ENABLED="false", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_RUNNER_POLL_FREQUENCY="1")  # the runner picks a run up within 1 s, not 10
     api = f"http://127.0.0.1:{port}/api"
     client_env = {**env, "PREFECT_API_URL": api, "PREFECT_HOME": str(work / ".prefect")}
     prefect = str(REPO / ".venv" / "bin" / "prefect") if (REPO / ".venv" / "bin" / "prefect").exists() else "prefect"
@@ -35,7 +36,7 @@ def test_make_serve_on_a_fresh_clone_evaluates_the_committed_base(tmp_path):
     )
     try:
         deadline = time.time() + HANG_S
-        while "evaluate" not in subprocess.run([prefect, "deployment", "ls"], env=client_env, capture_output=True, text=True).stdout:
+        while not is_served(api, "c2lip/evaluate"):
             assert time.time() < deadline and serving.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
             time.sleep(2)
         assert (work / ".prefect" / "server.log").is_file()  # the log the script names exists
