@@ -22,6 +22,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     _prefect_home = Path(__file__).resolve().parent.parent / ".prefect" / f"test-{os.environ['PYTEST_XDIST_WORKER']}"
     _prefect_home.mkdir(parents=True, exist_ok=True)  # Prefect does not create it (a fresh clone has no .prefect/)
     os.environ["PREFECT_HOME"] = str(_prefect_home)
+    # The cores shared among the workers: torch's default (a thread per core) in every worker and in every stage a test
+    # starts oversubscribes the machine, and the suite ran about a tenth slower. The stages inherit the variable.
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
 
 import pytest  # noqa: E402
 
@@ -35,15 +39,16 @@ if str(REPO) not in sys.path:
 
 from components.shared.params import CaptionsParams  # noqa: E402
 
+# The longest files (measured with --durations on 2 cores), started first: pytest-xdist hands out whole files in
+# collection order (--dist loadfile), and in alphabetical order one of them ran alone at the end while the other
+# worker sat idle.
+LONGEST_FIRST = ("test_end_to_end.py", "test_gpu_check.py", "test_train.py", "test_make_serve.py", "test_methods.py")
+
 
 def pytest_collection_modifyitems(config, items):
-    """Files with the most end-to-end (``slow``) tests first. pytest-xdist hands out whole files in collection order
-    (--dist loadfile); in alphabetical order the long files came last, one of them running alone at the end while the
-    other worker sat idle (about a minute of the suite's ten on 2 cores). Each file's tests keep their order."""
-    import collections
-
-    slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.path])  # stable: files with as many slow tests keep their order
+    """The longest files first, the rest in their usual order; each file's tests keep their order."""
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable
 
 
 def tiny_captions(tmp_path: Path, **overrides) -> CaptionsParams:
