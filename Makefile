@@ -44,10 +44,12 @@ serve: $(STAMP)
 	infra/serve.sh
 
 # The suite runs on up to 4 pytest-xdist workers (2 on a 2-core machine), a test file per worker at a time
-# (--dist loadfile: tests/test_end_to_end.py's tests share one reproduced clone). `python -m pytest` runs it serially.
+# (--dist loadfile: tests/test_end_to_end.py's tests share one reproduced clone), in the order tests/conftest.py gives
+# them, the longest files first (--no-loadscope-reorder: pytest-xdist would start the files with the most tests first,
+# leaving the long end-to-end files, which hold few tests, for last). `python -m pytest` runs it serially.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP)
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 install: $(STAMP)
 

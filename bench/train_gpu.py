@@ -157,12 +157,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="ViT-B-16-SigLIP")
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--batch", type=int, default=96)
+    parser.add_argument("--batch", type=int, nargs="+", default=[96], help="batch per GPU; several: each measured in turn, in one process")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--cpu", action="store_true", help="fp32 on CPU (a dry run of this script)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--json", default=None, help="also write the results here (several batches: a path with {batch} in it)")
     parser.add_argument("--phrase-length", type=int, default=16,
                         help="also time c2lip with phrases trimmed to this many tokens (method.phrase_context: trimmed; 0: skip)")
     parser.add_argument("--levers", nargs="*", default=[], choices=LEVERS, help="each timed alone against the default")
@@ -172,6 +172,8 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 < args.distinct_share <= 1:
         parser.error("--distinct-share must be in (0, 1]")
+    if args.json and len(args.batch) > 1 and "{batch}" not in args.json:
+        parser.error("--json: with several batches the path needs {batch} in it (one file per batch)")
     one_process = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29571")
     os.environ.update({k: v for k, v in one_process.items() if k not in os.environ})
     import deepspeed
@@ -181,6 +183,12 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    for batch in args.batch:  # one process for every batch: the start-up (imports, DeepSpeed's set-up) is paid once
+        measure_batch(argparse.Namespace(**{**vars(args), "batch": batch}), device, hardware)
+
+
+def measure_batch(args: argparse.Namespace, device: torch.device, hardware: str) -> None:
+    """Every measurement at one batch size: the default step of both methods, then the variants asked for."""
     default = {method: measure(method, args, device) for method in ("siglip", "c2lip")}
     results = list(default.values())
     ratios = []
@@ -207,8 +215,8 @@ def main() -> None:
     for name, ratio in ratios:
         print(f"  {name}: {ratio:.2f}x the default's samples/s")
     if args.json:
-        args.json.write_text(json.dumps({"hardware": hardware, "model": args.model, "batch": args.batch, "results": results,
-                                         "ratios": dict(ratios)}, indent=2))
+        figures = {"hardware": hardware, "model": args.model, "batch": args.batch, "results": results, "ratios": dict(ratios)}
+        Path(args.json.format(batch=args.batch)).write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":
