@@ -23,7 +23,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     _prefect_home.mkdir(parents=True, exist_ok=True)  # Prefect does not create it (a fresh clone has no .prefect/)
     os.environ["PREFECT_HOME"] = str(_prefect_home)
     # The cores shared among the workers: torch's default (a thread per core) in every worker and in every stage a test
-    # starts oversubscribes the machine, and the suite ran about a tenth slower. The stages inherit the variable.
+    # starts oversubscribes the machine: the slow files ran a tenth to a fifth slower on 2 cores. The stages inherit it.
     _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
 
