@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from components.data.shapesworld_grammar import parse_object_phrase
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
-from components.shared.owned_outputs import ForeignFilesError, OwnedOutputs, one_writer
+from components.shared.owned_outputs import ForeignFilesError, one_writer
 from components.shared.params import (
     ROOT,
     SHAPESWORLD_SUITE,
@@ -48,7 +48,7 @@ from components.shared.params import (
 from components.shared.processes import call_logged, mark_run, stage_process_setup
 from components.shared.stage_code import stage_code
 from components.suite.applicable import applicable_suite
-from components.suite.compare_report import TRAIN_COLUMNS, aggregate, chart, curves_chart, item_level, logit_chart, markdown, samples_to_reach
+from components.suite.compare_report import TRAIN_COLUMNS, log_to_mlflow, report_outputs, write_report
 from components.suite.formats import BenchmarkError
 from components.suite.items import write_tables
 
@@ -59,6 +59,7 @@ class Run:
     seed: int
     dir: Path
     train: TrainParams
+    phrases_field: str | None = None  # the caption field whose phrases compare parses for this run (prepare_phrases)
 
     @property
     def label(self) -> str:
@@ -94,6 +95,38 @@ def world_data(params: CompareParams) -> dict[str, Any]:
     return {"train": train, "benchmarks_root": root / "benchmarks", "manifest": root / "captions" / "manifest.parquet"}
 
 
+def world_concepts(params: CompareParams) -> dict[str, Any]:
+    """The concepts params of the comparison's world: the pipeline's (params.concepts_params), or the variant's."""
+    con = read_yaml(params.concepts_params)
+    if params.world is None:
+        return con
+    root = world_dir(params)
+    con = {**con, "manifest": str(root / "captions" / "manifest.parquet"), "output_dir": str(root / "concepts"),
+           "stats_path": str(root / "concepts.json"), "splits": ["train"], "recaptions": str(root / "recaptions" / "manifest.parquet")}
+    if params.world.caption_field:
+        con["caption_field"] = params.world.caption_field
+    return con
+
+
+def phrases_of_field(params: CompareParams, field: str) -> dict[str, Any]:
+    """The concepts params that parse the world's ``field`` captions, beside the world's own phrases:
+    ``<concepts output_dir>-<field>`` (data/concepts-short for the pipeline's world)."""
+    con = world_concepts(params)
+    out = validate_params("concepts", con, params.concepts_params).output_dir
+    out = out.with_name(f"{out.name}-{field}")
+    return {**con, "caption_field": field, "output_dir": str(out), "stats_path": str(out / "stats.json"), "splits": ["train"]}
+
+
+def prepare_phrases(params: CompareParams, runs: list[Run]) -> None:
+    """The phrases of each caption field a run trains on that the world's phrases are not parsed from (C2LIP on the
+    short captions learns the short caption's phrases, not the dense caption's), by the concepts stage's own code:
+    it resumes, and skips a field whose phrases are all there."""
+    from components import concepts
+
+    for field in dict.fromkeys(r.phrases_field for r in runs if r.phrases_field):
+        concepts.run(validate_params("concepts", phrases_of_field(params, field), params.concepts_params))
+
+
 def prepare_world(params: CompareParams) -> None:
     """Generate the variant's captions, noun phrases and benchmark suite with the stages' own code (each
     resumes and writes atomically); nothing for the pipeline's own world."""
@@ -123,11 +156,7 @@ def prepare_world(params: CompareParams) -> None:
     if not (root / "recaptions" / "manifest.parquet").is_file():  # the world's oracle recaptions (the stage's defaults)
         recaption.run(validate_params("recaption", {"manifest": str(root / "captions" / "manifest.parquet"), "output_dir": str(root / "recaptions"),
                                                     "stats_path": str(root / "recaption.json"), "contact_sheet": None}))
-    con = {**read_yaml(params.concepts_params), "manifest": str(root / "captions" / "manifest.parquet"), "output_dir": str(root / "concepts"),
-           "stats_path": str(root / "concepts.json"), "splits": ["train"], "recaptions": str(root / "recaptions" / "manifest.parquet")}
-    if w.caption_field:
-        con["caption_field"] = w.caption_field
-    concepts_params = validate_params("concepts", con, params.concepts_params)
+    concepts_params = validate_params("concepts", world_concepts(params), params.concepts_params)
     if not any((root / "concepts" / "train").glob("*.parquet")):
         concepts.run(concepts_params)
     if not (root / "benchmarks" / "stats.json").is_file():
@@ -186,8 +215,30 @@ def plan(params: CompareParams) -> list[Run]:
             merged.update(seed=seed, output_dir=str(out / "train"), metrics_path=str(out / "train_metrics.json"),
                           plots_path=str(out / "train_loss.json"), mlflow_experiment=params.mlflow_experiment,
                           preset=f"compare-{arm.name}")
-            runs.append(Run(arm.name, seed, out, validate_params("train", merged, f"{params.train_params} + arm {arm.name!r}")))
+            train = validate_params("train", merged, f"{params.train_params} + arm {arm.name!r}")
+            field = other_phrases_field(params, train)
+            if field:  # the phrases of the caption this run trains on, not the world's
+                merged["data"] = {**merged["data"], "concepts_dir": str(Path(phrases_of_field(params, field)["output_dir"]) / "train")}
+                train = validate_params("train", merged, f"{params.train_params} + arm {arm.name!r}")
+            runs.append(Run(arm.name, seed, out, train, field))
     return runs
+
+
+def other_phrases_field(params: CompareParams, train: TrainParams) -> str | None:
+    """The caption field a run trains on when it learns noun phrases from the world's phrases but those are parsed
+    from another caption (``txt`` is the captions params' caption_field); None when they match, when the run learns
+    no phrases or trains on several fields, or when its arm points at phrases of its own."""
+    from components.train import needs_phrases
+
+    field = train.data.caption_field
+    if not needs_phrases(train) or not isinstance(field, str) or train.data.concepts_dir is None:
+        return None
+    con = validate_params("concepts", world_concepts(params), params.concepts_params)
+    if Path(train.data.concepts_dir).resolve() != (con.output_dir / "train").resolve():
+        return None
+    chosen = load_params("captions", params.captions_params).caption_field  # what the captions stage wrote as txt
+    same = {con.caption_field} | ({"txt", chosen} if con.caption_field in ("txt", chosen) else set())
+    return None if field in same else field
 
 
 @dataclass
@@ -264,60 +315,6 @@ def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
     return metrics
 
 
-def write_report(params: CompareParams, runs: list[Run], results: dict[str, dict[str, float]], world: dict[str, float],
-                 headlines: dict[str, str], not_applicable: list[str] | None = None, suite: Suite | None = None) -> dict[str, Any]:
-    summary = aggregate(params, runs, results, headlines)
-    summary["not_applicable"] = not_applicable or []
-    t = runs[0].train
-    budget = {"steps": t.steps, "global_batch": t.global_batch, "samples": t.steps * t.global_batch}
-    curves = {r.label: (r.arm, json.loads(Path(r.train.plots_path).read_text())["loss"]) for r in runs if Path(r.train.plots_path).is_file()}
-    summary.update(world=world, budget=budget, reach=samples_to_reach(curves, t.global_batch))
-    owned, expected = report_outputs(params)
-    with owned.build() as out:  # the report and its gallery swapped in at once; report_dir's other files untouched
-        if suite is not None:
-            summary["intervals"], summary["galleries"] = item_level(params, runs, suite.tasks, suite.params, out / "compare-gallery")
-        atomic_write_json(out / "compare.json", summary)
-        atomic_write_bytes(out / "compare.md", markdown(params, summary, world, budget).encode())
-        atomic_write_bytes(out / "compare.png", chart(summary))
-        if curves:
-            atomic_write_bytes(out / "compare-logits.png", logit_chart(curves))
-        if any(any(k.startswith("track/") for p in points for k in p) for _, points in curves.values()):
-            atomic_write_bytes(out / "curves.png", curves_chart(curves, t.global_batch))
-        owned.swap_in(out, expected)
-    return summary
-
-
-REPORT_FILES = ("compare.json", "compare.md", "compare.png", "compare-logits.png", "curves.png")
-
-
-def report_outputs(params: CompareParams) -> tuple[OwnedOutputs, set[str]]:
-    """What the comparison owns in ``report_dir`` (shared with the evaluate stage's report by default): its report
-    files and ``compare-gallery/``, whose pages are named by arm (an older version's gallery is recognised by them)."""
-    expected = {f"compare-gallery/{a.name}.html" for a in params.arms}
-    return OwnedOutputs(params.report_dir, "compare", folders=("compare-gallery",), files=REPORT_FILES), expected
-
-
-def log_to_mlflow(params: CompareParams, summary: dict[str, Any]) -> None:
-    from components.shared.params import flatten_params
-    from components.shared.tracking import use_experiment
-
-    mlflow = use_experiment(params.mlflow_experiment)
-    with mlflow.start_run(run_name="compare"):
-        mlflow.set_tags({"stage": "compare", "reference": params.reference})
-        mlflow.log_params({k: v[:500] for k, v in flatten_params(params).items()})
-        flat = {}
-        for arm, metrics in summary["metrics"].items():
-            for key, stats in metrics.items():
-                if key.startswith("summary/"):
-                    flat[f"{arm}/{key}/mean"], flat[f"{arm}/{key}/sd"] = stats["mean"], stats["sd"]
-        for arm, groups in summary["paired"].items():
-            for group, stats in groups.items():
-                flat[f"{arm}/paired_vs_{params.reference}/{group}"] = stats["mean"]
-        mlflow.log_metrics(flat)
-        for name in ("compare.md", "compare.png", "compare.json"):
-            mlflow.log_artifact(str(params.report_dir / name))
-
-
 # --------------------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------------------
@@ -331,6 +328,7 @@ def prepare(params: CompareParams) -> tuple[list[Run], Suite]:
     owned.check(expected)  # before any training: a user's file in compare-gallery/ stops the run, untouched
     prepare_world(params)
     runs = plan(params)
+    prepare_phrases(params, runs)
     for r in runs:
         train_preflight(r.train)
     ev = evaluate_params(params)

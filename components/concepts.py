@@ -206,10 +206,23 @@ def output_path(params: ConceptsParams, shard: str) -> Path:
     return params.output_dir / Path(shard).with_suffix(".parquet")
 
 
-def write_shard(params: ConceptsParams, shard: str, keys: list[str], results: list[dict[str, Any]]) -> None:
-    """One shard's phrases as Parquet (key, phrases), with its counts in the file's metadata — counts only,
-    never timings: the file is a function of its inputs, so a rebuild is byte-identical and DVC does not
-    see the train stage's input change."""
+def caption_names(manifest: pa.Table, field: str) -> list[str]:
+    """``field`` and every other caption column of ``manifest`` that holds the same text in every row (``txt`` is
+    the captions stage's chosen field written again: ``long`` in the default world): the names a run may train on
+    with these phrases."""
+    same = [field]
+    for name in manifest.column_names:
+        column = manifest[name]
+        if name != field and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) \
+                and name not in ("key", "split", "shard") and column.to_pylist() == manifest[field].to_pylist():
+            same.append(name)
+    return same
+
+
+def write_shard(params: ConceptsParams, shard: str, keys: list[str], results: list[dict[str, Any]], parsed_from: list[str]) -> None:
+    """One shard's phrases as Parquet (key, phrases), with its counts and the caption fields it was parsed from
+    (``parsed_from``, :func:`caption_names`) in the file's metadata — never timings: the file is a function of its
+    inputs, so a rebuild is byte-identical and DVC does not see the train stage's input change."""
     counts = {
         "empty": sum(r["empty"] for r in results),
         "truncated": sum(r["truncated"] for r in results),
@@ -218,7 +231,9 @@ def write_shard(params: ConceptsParams, shard: str, keys: list[str], results: li
     }
     table = pa.table({"key": pa.array(keys, pa.string()), "phrases": pa.array([r["phrases"] for r in results], pa.list_(pa.string()))})
     # per-shard counts travel in the file's own metadata, so stats survive a resumed run
-    table = table.replace_schema_metadata({"c2lip_counts": json.dumps(counts)})
+    # the caption fields, so a run that trains on another caption is stopped instead of learning these phrases
+    # (the train stage reads them with components.data.stream.phrases_parsed_from)
+    table = table.replace_schema_metadata({"c2lip_counts": json.dumps(counts), "c2lip_caption_fields": json.dumps(parsed_from)})
     atomic_write_parquet(output_path(params, shard), table)
 
 
@@ -242,6 +257,7 @@ class ConceptsPlan:
     rows: dict[str, list]
     shards: dict[str, list[int]]  # shard -> row indices
     todo: list[str]
+    parsed_from: list[str]  # the caption fields the phrases come from (caption_names)
 
     def keys(self, shard: str) -> list[str]:
         return [self.rows["key"][i] for i in self.shards[shard]]
@@ -265,13 +281,13 @@ def plan(params: ConceptsParams, nlp=None) -> ConceptsPlan:
     for i, shard in enumerate(rows["shard"]):
         shards.setdefault(shard, []).append(i)
     todo = [s for s in shards if not output_path(params, s).is_file()]
-    return ConceptsPlan(manifest, rows, shards, todo)
+    return ConceptsPlan(manifest, rows, shards, todo, caption_names(manifest, params.caption_field))
 
 
-def extract_shard(nlp, params: ConceptsParams, shard: str, keys: list[str], texts: list[str | None]) -> int:
+def extract_shard(nlp, params: ConceptsParams, shard: str, keys: list[str], texts: list[str | None], parsed_from: list[str]) -> int:
     """Parse one shard's captions in this process and write its output; returns the captions parsed."""
     results = list(extract(nlp, texts, params, n_process=1))
-    write_shard(params, shard, keys, results)
+    write_shard(params, shard, keys, results, parsed_from)
     return len(keys)
 
 
@@ -300,7 +316,7 @@ def run(params: ConceptsParams) -> dict[str, Any]:
     results = extract(nlp, captions, params, n_process=n_process if total > params.batch_size else 1)
     for shard in todo:
         shard_results = [next(results) for _ in shards[shard]]
-        write_shard(params, shard, work.keys(shard), shard_results)
+        write_shard(params, shard, work.keys(shard), shard_results, work.parsed_from)
         bar.update(len(shards[shard]))
     if next(results, None) is not None:  # runs the stream to its end, which also stops spaCy's workers
         raise RuntimeError("spaCy returned more results than captions were sent")

@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from components.data.stream import TrainBatches, check_tar, expand_shards, load_phrases, recaption_files
+from components.data.stream import TrainBatches, check_phrases_field, check_tar, expand_shards, load_phrases, recaption_files
 from components.method.methods import method_for
 from components.method.models import model_config, trims_phrases
 from components.method.module import TrainingModule
@@ -100,6 +100,7 @@ def preflight(params: TrainParams) -> dict[str, Any]:
     if needs_phrases(params):
         if params.data.concepts_dir is None or not any(Path(params.data.concepts_dir).glob("*.parquet")):
             raise ParamsError(f"data.concepts_dir: no Parquet files in {params.data.concepts_dir} (run the concepts stage first)")
+        check_phrases_field(params.data)  # a run that learns phrases learns those of the caption it trains on
     init = params.model.init
     if init != "scratch" and _looks_like_path(init) and not Path(init).exists():
         raise ParamsError(f"model.init: {init} does not exist (a checkpoint path, an open_clip tag, or 'scratch')")

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, task, unmapped
 from prefect.cache_policies import NO_CACHE
 
 from components import captions, concepts
@@ -39,11 +39,11 @@ def caption_shard(params_json: str, plan: dict, plan_index: int) -> dict[str, An
 
 
 @task(cache_policy=NO_CACHE, retries=2, task_run_name="concepts {shard}")
-def concept_shard(params_json: str, shard: str, keys: list[str], texts: list[str | None]) -> int:
+def concept_shard(params_json: str, shard: str, keys: list[str], texts: list[str | None], parsed_from: list[str]) -> int:
     params = ConceptsParams.model_validate_json(params_json)
     if params.spacy_model not in _NLP:
         _NLP[params.spacy_model] = concepts.load_nlp(params)
-    return concepts.extract_shard(_NLP[params.spacy_model], params, shard, keys, texts)
+    return concepts.extract_shard(_NLP[params.spacy_model], params, shard, keys, texts, parsed_from)
 
 
 def sharded_captions(params: CaptionsParams) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def sharded_concepts(params: ConceptsParams) -> dict[str, Any]:
     """The concepts stage with its shards as mapped tasks."""
     work = concepts.plan(params)
     futures = concept_shard.map(params.model_dump_json(), work.todo, [work.keys(s) for s in work.todo],
-                                [work.texts(s, params.caption_field) for s in work.todo])
+                                [work.texts(s, params.caption_field) for s in work.todo], unmapped(work.parsed_from))
     futures.wait()
     futures.result()
     return concepts.complete(params, work, concepts.load_nlp(params) if params.quality_samples else None)

@@ -178,6 +178,8 @@ def test_stage_writes_one_file_per_shard_with_stats(tmp_path):
     stats = concepts.run(params)
     out = _outputs(params)
     assert list(out) == ["train/shard-000000.parquet", "train/shard-000001.parquet"]
+    # each file names the caption fields it was parsed from: the field read and the column holding the same text
+    assert json.loads(pq.read_schema(params.output_dir / "train" / "shard-000000.parquet").metadata[b"c2lip_caption_fields"]) == ["long", "txt"]
     rows = out["train/shard-000000.parquet"] + out["train/shard-000001.parquet"]
     assert [r["key"] for r in rows] == [f"k{i:04d}" for i in range(6)]
     assert rows[0]["phrases"] == ["a red ball", "a table"]

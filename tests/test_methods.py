@@ -25,6 +25,7 @@ from components.method import hard_examples as he
 from components.method.methods import method_for
 from components.shared import checkpoints
 from components.shared.params import CompareParams, ParamsError, ShapesWorldParams, TrainParams, load_params
+from components.suite import compare_report
 
 # --------------------------------------------------------------------------------------------------
 # loss terms
@@ -338,12 +339,12 @@ def test_paired_differences_and_report_from_known_results(tmp_path):
                             "summary/zero_shot": 0.9 - (0.1 if r.arm == "c2lip" and r.seed == 2 else 0),
                             "sugarcrepe/swap_att/acc": base, "train/logit_scale": 10.0 + r.seed,
                             "train/zero_shot_held_out_predicted_as_seen": 0.25 if r.arm == "c2lip" else 0.0}
-    summary = compare.aggregate(params, runs, results, {"sugarcrepe/swap_att": "acc"})
+    summary = compare_report.aggregate(params, runs, results, {"sugarcrepe/swap_att": "acc"})
     comp = summary["paired"]["c2lip"]["compositional"]
     assert comp["values"] == pytest.approx([0.1, 0.1, 0.1]) and comp["positive"] == 3 and comp["sd"] == pytest.approx(0, abs=1e-12)
     zs = summary["paired"]["c2lip"]["zero_shot"]
     assert zs["mean"] == pytest.approx(-0.1 / 3, abs=1e-6) and zs["positive"] == 0 and zs["sd"] == pytest.approx(np.std([0, 0, -0.1], ddof=1), abs=1e-6)
-    text = compare.markdown(params, summary, {}, {"steps": 10, "global_batch": 8, "samples": 80})
+    text = compare_report.markdown(params, summary, {}, {"steps": 10, "global_batch": 8, "samples": 80})
     assert "| c2lip | 0.700 ± 0.000 | 0.610 ± 0.010 | 0.867 ± 0.058 |" in text and "+0.100 ± 0.000 (3/3)" in text and "-0.033 ± 0.058 (0/3)" in text
     assert "| arm | s | as seen |" in text and "| c2lip | 11.000 ± 1.000 | 0.250 ± 0.000 |" in text  # only the figures the runs have
     assert "| sugarcrepe/swap_att (acc) | 0.510 ± 0.010 | 0.610 ± 0.010 |" in text
@@ -355,12 +356,12 @@ def test_one_arm_over_seeds_is_a_recipes_spread_with_a_row_per_seed(tmp_path):
     runs = [compare.Run("calibrated", s, tmp_path, None) for s in (1, 2, 3)]
     results = {r.label: {"summary/binding": {1: 0.7, 2: 0.5, 3: 0.6}[r.seed], "summary/zero_shot": 0.9,
                          "sugarcrepe/swap_att/acc": 0.6} for r in runs}
-    summary = compare.aggregate(params, runs, results, {"sugarcrepe/swap_att": "acc"})
+    summary = compare_report.aggregate(params, runs, results, {"sugarcrepe/swap_att": "acc"})
     assert summary["paired"] == {} and summary["metrics"]["calibrated"]["summary/binding"]["values"] == [0.7, 0.5, 0.6]
-    text = compare.markdown(params, summary, {}, {"steps": 10, "global_batch": 8, "samples": 80})
+    text = compare_report.markdown(params, summary, {}, {"steps": 10, "global_batch": 8, "samples": 80})
     assert "1 arm × 3 seeds" in text and "Δ" not in text.split("## All items")[1].split("##")[0]
     assert "| 2 | 0.500 | – | 0.900 | – |" in text and "| mean ± sd | 0.600 ± 0.100 | – | 0.900 ± 0.000 | – |" in text
-    assert compare.chart(summary)[:4] == b"\x89PNG"
+    assert compare_report.chart(summary)[:4] == b"\x89PNG"
     # the shipped spread: the calibrated base's own recipe, only the seed (and the loader's worker count) differ
     spread = load_params("compare", REPO / "params" / "presets" / "calibration" / "calibrated-builds.yaml")
     recipe = load_params("train", REPO / "params" / "presets" / "calibration" / "base-calibrated.yaml").model_dump(mode="json")
@@ -370,6 +371,48 @@ def test_one_arm_over_seeds_is_a_recipes_spread_with_a_row_per_seed(tmp_path):
         assert differ <= {"seed", "data", "zero_shot_every"} and built["seed"] == run.seed, differ
         assert {k for k in built["data"] if built["data"][k] != recipe["data"][k]} == {"workers"}
     assert sorted(r.seed for r in compare.plan(spread)) == [1, 2, 3, 4]
+
+
+def test_a_c2lip_arm_on_another_caption_learns_that_captions_phrases(tiny_data, tmp_path):
+    from components import concepts
+    from components.train import preflight
+
+    manifest = tiny_data / "captions" / "manifest.parquet"
+    con = {"manifest": str(manifest), "output_dir": str(tmp_path / "concepts"), "stats_path": str(tmp_path / "concepts" / "stats.json"),
+           "n_process": 1, "quality_samples": 0}
+    concepts_file = tmp_path / "concepts.yaml"
+    concepts_file.write_text(yaml.safe_dump(con))
+    concepts.run(load_params("concepts", concepts_file))  # the world's phrases: of txt, the long caption the captions stage chose
+    world_phrases = tmp_path / "concepts" / "train"
+    assert stream.phrases_parsed_from(world_phrases) == ["txt", "long"]
+    arms = [{"name": "c2lip", "overrides": {"method": {"name": "c2lip"}}},
+            {"name": "c2lip_short", "overrides": {"method": {"name": "c2lip"}, "data": {"caption_field": "short"}}},
+            {"name": "siglip_short", "overrides": {"method": {"name": "siglip"}, "data": {"caption_field": "short"}}}]
+    params = CompareParams.model_validate({
+        "concepts_params": str(concepts_file), "seeds": [0], "arms": arms, "reference": "c2lip", "output_dir": str(tmp_path / "runs"),
+        "common": {"data": {"shards": [str(tiny_data / "captions" / "train" / "*.tar")], "concepts_dir": str(world_phrases)},
+                   "test_shards": [str(tiny_data / "captions" / "test" / "*.tar")], "curves": {"enabled": False}}})
+    runs = {r.arm: r for r in compare.plan(params)}
+    short_phrases = tmp_path / "concepts-short" / "train"
+    assert (runs["c2lip"].phrases_field, Path(runs["c2lip"].train.data.concepts_dir)) == (None, world_phrases)
+    assert (runs["c2lip_short"].phrases_field, Path(runs["c2lip_short"].train.data.concepts_dir)) == ("short", short_phrases)
+    assert runs["siglip_short"].phrases_field is None  # no phrases learned: nothing to parse
+
+    # the same run pointed at the long caption's phrases is stopped before any process starts, naming both captions
+    mismatched = runs["c2lip_short"].train.model_copy(update={"data": runs["c2lip_short"].train.data.model_copy(update={"concepts_dir": world_phrases})})
+    with pytest.raises(ParamsError, match=r"parsed from the txt / long captions, but data.caption_field is 'short'"):
+        preflight(mismatched)
+
+    compare.prepare_phrases(params, list(runs.values()))  # the concepts stage's own code, on the short caption
+    assert stream.phrases_parsed_from(short_phrases) == ["short"]
+    preflight(runs["c2lip_short"].train)  # now it starts
+    table = pq.read_table(manifest).to_pandas().set_index("key")
+    learned = stream.load_phrases(short_phrases)
+    assert set(learned) == set(table[table.split == "train"].index)
+    # every phrase is words of the short caption; the long caption's phrases include ones the short caption never names
+    assert all(p.lower() in table.short[k].lower() for k, phrases in learned.items() for p in phrases)
+    dense = stream.load_phrases(world_phrases)
+    assert any(p.lower() not in table.short[k].lower() for k, phrases in dense.items() for p in phrases)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 import webdataset as wds
 from PIL import Image
@@ -65,6 +66,31 @@ def load_phrases(concepts_dir: Path) -> dict[str, list[str]]:
         for key, items in zip(table.column("key").to_pylist(), table.column("phrases").to_pylist(), strict=True):
             phrases[key] = list(items)
     return phrases
+
+
+def phrases_parsed_from(concepts_dir: Path) -> list[str] | None:
+    """The caption fields the concepts stage parsed the phrases in ``concepts_dir`` from (the field it read and
+    every manifest column with the same text: ``txt`` and ``long`` in the default world), or None for phrases that
+    do not say (made by hand, or by an older version of the stage)."""
+    files = sorted(Path(concepts_dir).glob("*.parquet"))
+    if not files:
+        return None
+    try:
+        names = (pq.read_schema(files[0]).metadata or {}).get(b"c2lip_caption_fields")
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise CorruptFileError(f"{files[0]}: not a readable Parquet file ({err})") from None
+    return json.loads(names) if names else None
+
+
+def check_phrases_field(data) -> None:
+    """Stop a run whose noun phrases were parsed from another caption field than the one it trains on (``data``:
+    the train params' DataParams): a dense caption's phrases learned beside a one-sentence caption teach concepts the
+    trained text never names. Several caption fields, or phrases that do not say what they were parsed from, pass."""
+    field, parsed_from = data.caption_field, phrases_parsed_from(data.concepts_dir)
+    if isinstance(field, str) and parsed_from is not None and field not in parsed_from:
+        raise ParamsError(f"data.concepts_dir: the phrases in {data.concepts_dir} were parsed from the {' / '.join(parsed_from)} "
+                          f"captions, but data.caption_field is {field!r}: run the concepts stage with caption_field: {field} "
+                          "and another output_dir, and point data.concepts_dir at it (a comparison does this itself)")
 
 
 def recaption_files(recaptions_dir: Path | None, fields: list[str]) -> tuple[list[Path], list[str]]:

@@ -340,7 +340,9 @@ class CompareParams(Strict):
     train_params: Path = Field(Path("params/train.yaml"), description="The train params every arm starts from (data, base model, optimiser).")
     evaluate_params: Path = Field(Path("params/evaluate.yaml"), description="The suite every arm is judged by (its models list is replaced).")
     captions_params: Path = Field(Path("params/captions.yaml"), description="The world a `world` variant starts from.")
-    concepts_params: Path = Field(Path("params/concepts.yaml"), description="Noun-phrase extraction for a `world` variant.")
+    concepts_params: Path = Field(Path("params/concepts.yaml"), description="Noun-phrase extraction for a `world` variant, and for an arm that "
+                                  "learns phrases of another caption field than the world's phrases were parsed from "
+                                  "(into the concepts output_dir with -FIELD appended).")
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="Seeds; every arm runs once per seed.")
     common: dict[str, Any] = Field(default_factory=dict, description="Train params every arm shares: the budget (steps, batch).")
     arms: list[CompareArm] = Field(min_length=1, description="The arms, each a train-params change (one arm: a recipe's spread over seeds).")

@@ -3,11 +3,14 @@ against the reference arm seed by seed, the markdown table and the chart."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+from components.shared.atomic import atomic_write_bytes, atomic_write_json
 from components.shared.markdown_text import md_text
+from components.shared.owned_outputs import OwnedOutputs
 from components.shared.params import CompareParams
 from components.shared.reports import figure_png, pyplot
 from components.suite import gallery, items
@@ -383,3 +386,62 @@ def curves_chart(curves: dict[str, tuple[str, list[dict]]], global_batch: int) -
     fig.suptitle("learning curves on the tracking suite (line: mean over seeds; band: lowest to highest seed)", fontsize=9)
     fig.tight_layout()
     return figure_png(fig)
+
+
+# --------------------------------------------------------------------------------------------------
+# the report's files and its MLflow run
+# --------------------------------------------------------------------------------------------------
+
+
+def write_report(params: CompareParams, runs: list, results: dict[str, dict[str, float]], world: dict[str, float],
+                 headlines: dict[str, str], not_applicable: list[str] | None = None, suite=None) -> dict[str, Any]:
+    summary = aggregate(params, runs, results, headlines)
+    summary["not_applicable"] = not_applicable or []
+    t = runs[0].train
+    budget = {"steps": t.steps, "global_batch": t.global_batch, "samples": t.steps * t.global_batch}
+    curves = {r.label: (r.arm, json.loads(Path(r.train.plots_path).read_text())["loss"]) for r in runs if Path(r.train.plots_path).is_file()}
+    summary.update(world=world, budget=budget, reach=samples_to_reach(curves, t.global_batch))
+    owned, expected = report_outputs(params)
+    with owned.build() as out:  # the report and its gallery swapped in at once; report_dir's other files untouched
+        if suite is not None:
+            summary["intervals"], summary["galleries"] = item_level(params, runs, suite.tasks, suite.params, out / "compare-gallery")
+        atomic_write_json(out / "compare.json", summary)
+        atomic_write_bytes(out / "compare.md", markdown(params, summary, world, budget).encode())
+        atomic_write_bytes(out / "compare.png", chart(summary))
+        if curves:
+            atomic_write_bytes(out / "compare-logits.png", logit_chart(curves))
+        if any(any(k.startswith("track/") for p in points for k in p) for _, points in curves.values()):
+            atomic_write_bytes(out / "curves.png", curves_chart(curves, t.global_batch))
+        owned.swap_in(out, expected)
+    return summary
+
+
+REPORT_FILES = ("compare.json", "compare.md", "compare.png", "compare-logits.png", "curves.png")
+
+
+def report_outputs(params: CompareParams) -> tuple[OwnedOutputs, set[str]]:
+    """What the comparison owns in ``report_dir`` (shared with the evaluate stage's report by default): its report
+    files and ``compare-gallery/``, whose pages are named by arm (an older version's gallery is recognised by them)."""
+    expected = {f"compare-gallery/{a.name}.html" for a in params.arms}
+    return OwnedOutputs(params.report_dir, "compare", folders=("compare-gallery",), files=REPORT_FILES), expected
+
+
+def log_to_mlflow(params: CompareParams, summary: dict[str, Any]) -> None:
+    from components.shared.params import flatten_params
+    from components.shared.tracking import use_experiment
+
+    mlflow = use_experiment(params.mlflow_experiment)
+    with mlflow.start_run(run_name="compare"):
+        mlflow.set_tags({"stage": "compare", "reference": params.reference})
+        mlflow.log_params({k: v[:500] for k, v in flatten_params(params).items()})
+        flat = {}
+        for arm, metrics in summary["metrics"].items():
+            for key, stats in metrics.items():
+                if key.startswith("summary/"):
+                    flat[f"{arm}/{key}/mean"], flat[f"{arm}/{key}/sd"] = stats["mean"], stats["sd"]
+        for arm, groups in summary["paired"].items():
+            for group, stats in groups.items():
+                flat[f"{arm}/paired_vs_{params.reference}/{group}"] = stats["mean"]
+        mlflow.log_metrics(flat)
+        for name in ("compare.md", "compare.png", "compare.json"):
+            mlflow.log_artifact(str(params.report_dir / name))
