@@ -19,7 +19,8 @@ ASSETS = {"benchmarks.png": EXAMPLE / "benchmarks.png", "compare.png": REPORTS /
           "compare-logits.png": REPORTS / "compare-logits.png", "base_loss.png": ROOT / "models" / "base" / "loss.png",
           # the learning curves the results pages open with
           "curves-compare-binding.png": REPORTS / "compare-binding" / "curves.png",
-          "curves-paper-calibrated-short-480.png": REPORTS / "paper-calibrated-short-480" / "curves.png"}
+          "curves-paper-calibrated-short-480.png": REPORTS / "paper-calibrated-short-480" / "curves.png",
+          "curves-calibrated-builds.png": REPORTS / "calibrated-builds" / "curves.png"}
 
 
 def copy(source: Path, target: str) -> bool:
