@@ -210,13 +210,9 @@ def caption_names(manifest: pa.Table, field: str) -> list[str]:
     """``field`` and every other caption column of ``manifest`` that holds the same text in every row (``txt`` is
     the captions stage's chosen field written again: ``long`` in the default world): the names a run may train on
     with these phrases."""
-    same = [field]
-    for name in manifest.column_names:
-        column = manifest[name]
-        if name != field and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) \
-                and name not in ("key", "split", "shard") and column.to_pylist() == manifest[field].to_pylist():
-            same.append(name)
-    return same
+    text = manifest[field]
+    return [field, *(name for name in manifest.column_names
+                     if name not in (field, "key", "split", "shard") and manifest[name].type == text.type and manifest[name].equals(text))]
 
 
 def write_shard(params: ConceptsParams, shard: str, keys: list[str], results: list[dict[str, Any]], parsed_from: list[str]) -> None:
