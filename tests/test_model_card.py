@@ -3,6 +3,7 @@ is, how it was trained and how to load it, and the figures read back from the ca
 
 import pytest
 import yaml
+from conftest import REPO
 
 from components.shared.model_card import card_facts, card_figures, model_card, read_front_matter
 from components.shared.params import load_params
@@ -70,3 +71,50 @@ def test_a_figure_prints_the_same_in_the_report_the_metrics_file_and_the_card():
                       summary={"retrieval": (flat["base/retrieval/mean_r1"], flat["finetuned/retrieval/mean_r1"])})
     row = next(line for line in card.splitlines() if line.startswith("| retrieval"))
     assert "| 0.044 | 0.121 | +0.077 |" in row, row
+
+
+def test_shipping_a_build_copies_its_export_with_a_card_of_its_seed_and_suite_figures_and_refuses_an_unfinished_one(tmp_path):
+    """components.study.ship_base: a comparison run's export becomes the committed base, whole (checksums that cover
+    the card), its card naming the build's seed and its own figures on the suite; a run that has not finished is
+    refused by name and the export already there is left as it was."""
+    import json
+
+    import open_clip
+    import torch
+
+    from components.method.models import create_model
+    from components.shared.atomic import checksum_problem
+    from components.shared.checkpoints import export_model
+    from components.study import ship_base
+
+    build = tmp_path / "models" / "builds" / "arm" / "seed3"
+    train = load_params("train", REPO / "params" / "presets" / "calibration" / "base-calibrated.yaml").model_dump(mode="json")
+    train.update(seed=3, output_dir=str(build / "train"))
+    build.mkdir(parents=True)
+    (build / "train.yaml").write_text(yaml.safe_dump(train))
+    torch.manual_seed(0)
+    export_model(create_model("c2lip-tiny-rn", pretrained=None)[0], "c2lip-tiny-rn", build / "train" / "export", dtype="float16")
+    (build / "train_metrics.json").write_text(json.dumps({"zero_shot_top1": 0.931, "samples_per_s": 100.0}))
+    to = tmp_path / "models" / "base-calibrated" / "export"
+
+    with pytest.raises(FileNotFoundError, match="done.json: missing"):  # the suite has not scored it yet
+        ship_base.ship(build, to)
+    assert not to.parent.exists() or not any(to.parent.iterdir())
+
+    (build / "done.json").write_text(json.dumps({"fingerprint": "x", "metrics": {
+        "sugarcrepe/swap_att/acc": 0.7123, "zero_shot/top1": 0.9351, "summary/binding": 0.51, "not/a/figure": 1.0}}))
+    assert ship_base.main(["--build", str(build), "--to", str(to)]) == 0
+    assert checksum_problem(to) is None and sorted(p.name for p in to.parent.iterdir()) == ["export"]  # no staging left
+    card = (to / "README.md").read_text()
+    assert "3000 steps of 128, seed 3 |" in card and "| SugarCrepe swap_att | 0.712 |" in card and "| zero-shot top-1 | 0.935 |" in card
+    assert "not/a/figure" not in card and "| zero-shot top-1 (ShapesWorld single-object test images) | 0.931 |" in card
+    model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{to}")  # plain open_clip loads what was shipped
+    shipped = dict(model.state_dict())
+    torch.manual_seed(0)
+    original = create_model("c2lip-tiny-rn", pretrained=None)[0]
+    key = next(k for k, v in shipped.items() if v.is_floating_point() and v.numel() > 100)
+    assert torch.allclose(shipped[key].float(), original.state_dict()[key].half().float())
+
+    (build / "done.json").write_text("{not json")
+    assert ship_base.main(["--build", str(build), "--to", str(to)]) == 1  # named on stderr; the shipped export stands
+    assert checksum_problem(to) is None and "| SugarCrepe swap_att | 0.712 |" in (to / "README.md").read_text()

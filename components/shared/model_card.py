@@ -32,6 +32,20 @@ SUMMARY_GROUPS = {
     "long_retrieval": "long-caption retrieval mean R@1",
 }
 
+# The whole suite's figures a card can list (a compare run's done.json / the evaluate stage's keys → what the card calls them)
+SUITE_FIGURES = {
+    "sugarcrepe/swap_att/acc": "SugarCrepe swap_att",
+    "sugarcrepe/swap_obj/acc": "SugarCrepe swap_obj",
+    "sugarcrepe/replace_att/acc": "SugarCrepe replace_att",
+    "sugarcrepe_pp/swap_att/itt": "SugarCrepe++ swap_att (ITT)",
+    "sugarcrepe_pp/swap_obj/itt": "SugarCrepe++ swap_obj (ITT)",
+    "aro/vg_relation/macro_acc": "ARO VG-Relation",
+    "aro/vg_attribution/macro_acc": "ARO VG-Attribution",
+    "summary/binding": SUMMARY_GROUPS["binding"],
+    "zero_shot/top1": "zero-shot top-1",
+    "summary/retrieval": SUMMARY_GROUPS["retrieval"],
+}
+
 
 def card_facts(params) -> dict[str, Any]:
     """What a card says about the training run, from its TrainParams: the model, the start, the method and recipe,
@@ -102,13 +116,15 @@ def hub_base_model(init: str) -> str | None:
 
 def model_card(facts: dict[str, Any], train_figures: dict[str, float] | None = None,
                summary: dict[str, tuple[float, float]] | None = None, name: str = "c2lip", repo_id: str | None = None,
-               license: str = "other") -> str:
+               license: str = "other", suite: dict[str, float] | None = None) -> str:
     """The card's text, in the layout of open_clip's cards on the Hub (model details, uses, training, evaluation, how
     to load it, citation). ``train_figures``: the train stage's metrics (metrics/train.json); ``summary``: group →
-    (base, this model) from the evaluate stage, when the model has been through the benchmark suite; ``repo_id``: the
-    Hub repository it is published to (its ``hf-hub:`` line); ``license``: an SPDX id, or ``other`` (unspecified)."""
+    (base, this model) from the evaluate stage, when the model has been through the benchmark suite; ``suite``: the
+    model's own figures on the whole suite (:data:`SUITE_FIGURES` keys), for a model with no base to compare with;
+    ``repo_id``: the Hub repository it is published to (its ``hf-hub:`` line); ``license``: an SPDX id, or ``other``."""
     train_figures = {k: v for k, v in (train_figures or {}).items() if k in TRAIN_FIGURES}
     summary = {k: v for k, v in (summary or {}).items() if k in SUMMARY_GROUPS}
+    suite = {k: v for k, v in (suite or {}).items() if k in SUITE_FIGURES}
     results = [_result(TRAIN_FIGURES[k], v, "ShapesWorld test", "zero-shot-image-classification") for k, v in train_figures.items()]
     results += [_result(SUMMARY_GROUPS[k], model, "ShapesWorld benchmark suite", "zero-shot-image-classification")
                 for k, (_, model) in summary.items()]
@@ -159,7 +175,13 @@ def model_card(facts: dict[str, Any], train_figures: dict[str, float] | None = N
                   "official formats) on ShapesWorld's held-out test images, this model beside the model it started from:", "",
                   "| group | base | this model | Δ |", "|---|---|---|---|"]
         lines += [f"| {SUMMARY_GROUPS[k]} | {b:.3f} | {m:.3f} | {m - b:+.3f} |" for k, (b, m) in summary.items()] + [""]
-    if not train_figures and not summary:
+    if suite:
+        lines += ["### The benchmark suite", "",
+                  "The benchmark suite (SugarCrepe, SugarCrepe++, ARO, zero-shot, retrieval, in their official formats) on",
+                  "ShapesWorld's held-out test images; chance is 0.5 for SugarCrepe and ARO:", "",
+                  "| figure | value |", "|---|---|"]
+        lines += [f"| {SUITE_FIGURES[k]} | {v:.3f} |" for k, v in suite.items()] + [""]
+    if not train_figures and not summary and not suite:
         lines += ["Not evaluated yet: the register stage adds the benchmark suite's figures against the base.", ""]
     lines += [
         "## How to load it", "",
