@@ -20,7 +20,8 @@ ASSETS = {"benchmarks.png": EXAMPLE / "benchmarks.png", "compare.png": REPORTS /
           # the learning curves the results pages open with
           "curves-compare-binding.png": REPORTS / "compare-binding" / "curves.png",
           "curves-paper-calibrated-short-480.png": REPORTS / "paper-calibrated-short-480" / "curves.png",
-          "curves-calibrated-builds.png": REPORTS / "calibrated-builds" / "curves.png"}
+          "curves-calibrated-builds.png": REPORTS / "calibrated-builds" / "curves.png",
+          "curves-calibrated-builds-candidate.png": REPORTS / "calibrated-builds-candidate" / "curves.png"}
 
 
 def copy(source: Path, target: str) -> bool:
