@@ -21,7 +21,8 @@ ASSETS = {"benchmarks.png": EXAMPLE / "benchmarks.png", "compare.png": REPORTS /
           "curves-compare-binding.png": REPORTS / "compare-binding" / "curves.png",
           "curves-paper-calibrated-short-480.png": REPORTS / "paper-calibrated-short-480" / "curves.png",
           "curves-calibrated-builds.png": REPORTS / "calibrated-builds" / "curves.png",
-          "curves-calibrated-builds-candidate.png": REPORTS / "calibrated-builds-candidate" / "curves.png"}
+          "curves-calibrated-builds-candidate.png": REPORTS / "calibrated-builds-candidate" / "curves.png",
+          "curves-calibrated-builds-share0.6.png": REPORTS / "calibrated-builds-share0.6" / "curves.png"}
 
 
 def copy(source: Path, target: str) -> bool:
