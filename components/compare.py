@@ -31,7 +31,7 @@ import yaml
 from tqdm import tqdm
 
 from components.data.shapesworld_grammar import parse_object_phrase
-from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
+from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint, weights_identity
 from components.shared.owned_outputs import ForeignFilesError, one_writer
 from components.shared.params import (
     ROOT,
@@ -261,7 +261,11 @@ class Suite:
 
 def run_fingerprint(run: Run, suite: Suite) -> str:
     code = sorted({*stage_code("components.train"), *stage_code("components.evaluate")})
-    return fingerprint({"train": run.train.model_dump(mode="json"), "suite": suite.fingerprint}, code)
+    payload = {"train": run.train.model_dump(mode="json"), "suite": suite.fingerprint}
+    init = run.train.model.init
+    if Path(init).exists():  # a base rebuilt or shipped under the same path is another start: its runs train again
+        payload["init"] = weights_identity(init)
+    return fingerprint(payload, code)
 
 
 def finished(run: Run, suite: Suite) -> dict[str, float] | None:

@@ -522,3 +522,29 @@ def test_the_compare_deployments_train_mappings_stay_inside_the_workspace(monkey
     monkeypatch.delenv("C2LIP_OUTSIDE_ROOTS", raising=False)
     with pytest.raises(ParamsError, match=f"{where}: .* outside the workspace"):
         c2lip.compare_methods.fn(overrides=changes)
+
+
+def test_a_comparison_trains_its_runs_again_when_the_base_they_started_from_is_replaced(tmp_path):
+    """A finished comparison run is reused only while its start weights are the same: shipping another build of a
+    base under the same path (what ship_base does) makes every run that started from it train again."""
+    from components import compare
+
+    base = tmp_path / "base"
+    shutil.copytree(REPO / "models" / "base" / "export", base)
+    shard = _solid_shard(tmp_path / "s.tar", [(200, 0, 0), (0, 0, 200)])
+    run = compare.Run("siglip", 0, tmp_path / "run", _train_params(tmp_path, str(base), [shard]))
+    suite = compare.Suite(None, [], "suite-fingerprint", [])
+    first = compare.run_fingerprint(run, suite)
+    assert compare.run_fingerprint(run, suite) == first
+    weights = next(base.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + bytes([weights.read_bytes()[-1] ^ 1]))
+    write_checksums(base)
+    assert compare.run_fingerprint(run, suite) != first
+    # a run from scratch has no start weights to read: its record stays what it was (its params and the suite), so
+    # builds finished before start weights counted are not trained again
+    from components.shared.atomic import fingerprint
+    from components.shared.stage_code import stage_code
+
+    scratch = compare.Run("base", 0, tmp_path / "scratch", _train_params(tmp_path, "scratch", [shard]))
+    code = sorted({*stage_code("components.train"), *stage_code("components.evaluate")})
+    assert compare.run_fingerprint(scratch, suite) == fingerprint({"train": scratch.train.model_dump(mode="json"), "suite": suite.fingerprint}, code)
