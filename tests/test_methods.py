@@ -372,12 +372,13 @@ def test_one_arm_over_seeds_is_a_recipes_spread_with_a_row_per_seed(tmp_path):
         assert {k for k in built["data"] if built["data"][k] != recipe["data"][k]} == {"workers"}
     assert sorted(r.seed for r in compare.plan(spread)) == [1, 2, 3, 4]
     # the candidate recipes: the same builds with only the binding share and the budget changed
-    for preset, share in (("calibrated-builds-candidate.yaml", 0.75), ("calibrated-builds-share0.6.yaml", 0.6)):
+    for preset, share, steps in (("calibrated-builds-candidate.yaml", 0.75, 4000), ("calibrated-builds-share0.6.yaml", 0.6, 4000),
+                                 ("calibrated-builds-share0.6-6000.yaml", 0.6, 6000)):
         candidate = load_params("compare", REPO / "params" / "presets" / "calibration" / preset)
         for run in compare.plan(candidate):
             built = run.train.model_dump(mode="json")
             differ = {k for k in built if built[k] != recipe[k]} - {"output_dir", "metrics_path", "plots_path", "preset", "mlflow_experiment"}
-            assert differ <= {"seed", "data", "zero_shot_every", "steps"} and built["steps"] == 4000, (preset, differ)
+            assert differ <= {"seed", "data", "zero_shot_every", "steps"} and built["steps"] == steps, (preset, differ)
             changed = {k: built["data"][k] for k in built["data"] if built["data"][k] != recipe["data"][k]}
             assert changed == {"workers": 0, "binding_alt_text_share": share}, preset
         assert sorted(r.seed for r in compare.plan(candidate)) == [1, 2, 3, 4]

@@ -112,7 +112,8 @@ BUILDS = (("first build, seed 0", "reports/base-calibrated/metrics.json", "base-
           ("retrain, seed 0", "reports/base-calibrated-retrain/metrics.json", "base-calibrated"),
           ("spread, seed {seed}", "reports/calibrated-builds/compare.json", "calibrated"),
           ("share 0.75, 4,000 steps, seed {seed}", "reports/calibrated-builds-candidate/compare.json", "share0.75-4000"),
-          ("share 0.6, 4,000 steps, seed {seed}", "reports/calibrated-builds-share0.6/compare.json", "share0.6-4000"))
+          ("share 0.6, 4,000 steps, seed {seed}", "reports/calibrated-builds-share0.6/compare.json", "share0.6-4000"),
+          ("share 0.6, 6,000 steps, seed {seed}", "reports/calibrated-builds-share0.6-6000/compare.json", "share0.6-6000"))
 BUILD_COLUMNS = {"swap_att": ("sugarcrepe/swap_att/acc",), "swap_obj": ("sugarcrepe/swap_obj/acc",),
                  "SC++ swap ITT att / obj": ("sugarcrepe_pp/swap_att/itt", "sugarcrepe_pp/swap_obj/itt"),
                  "binding": ("summary/binding",), "VG-Rel / VG-Attr": ("aro/vg_relation/macro_acc", "aro/vg_attribution/macro_acc"),

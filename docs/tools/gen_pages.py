@@ -22,7 +22,8 @@ ASSETS = {"benchmarks.png": EXAMPLE / "benchmarks.png", "compare.png": REPORTS /
           "curves-paper-calibrated-short-480.png": REPORTS / "paper-calibrated-short-480" / "curves.png",
           "curves-calibrated-builds.png": REPORTS / "calibrated-builds" / "curves.png",
           "curves-calibrated-builds-candidate.png": REPORTS / "calibrated-builds-candidate" / "curves.png",
-          "curves-calibrated-builds-share0.6.png": REPORTS / "calibrated-builds-share0.6" / "curves.png"}
+          "curves-calibrated-builds-share0.6.png": REPORTS / "calibrated-builds-share0.6" / "curves.png",
+          "curves-calibrated-builds-share0.6-6000.png": REPORTS / "calibrated-builds-share0.6-6000" / "curves.png"}
 
 
 def copy(source: Path, target: str) -> bool:
