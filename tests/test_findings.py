@@ -76,7 +76,7 @@ def test_the_builds_table_gives_each_seed_of_a_spread_its_row_and_says_which_bui
     reached 0.6 (or not), and ✓ only where swap_att ≥ 0.6 and zero-shot ≥ 0.9 both hold."""
     report = tmp_path / "reports" / "calibrated-builds" / "compare.json"
     report.parent.mkdir(parents=True)
-    metrics = {"sugarcrepe/swap_att/acc": [0.70, 0.55, 0.65], "zero_shot/top1": [0.95, 0.97, 0.85], "summary/binding": [0.5, 0.3, 0.4]}
+    metrics = {"sugarcrepe/swap_att/acc": [0.70, 0.55, 0.65], "zero_shot/top1": [0.95, 0.97, 0.8997], "summary/binding": [0.5, 0.3, 0.4]}
     report.write_text(json.dumps({
         "seeds": [1, 2, 3], "metrics": {"calibrated": {k: {"values": v} for k, v in metrics.items()}},
         "reach": {"calibrated": [{"run": "calibrated-s1", "samples": 128000}, {"run": "calibrated-s2", "samples": None},
@@ -85,7 +85,7 @@ def test_the_builds_table_gives_each_seed_of_a_spread_its_row_and_says_which_bui
     assert [r.split(" | ")[0] for r in rows] == ["| spread, seed 1", "| spread, seed 2", "| spread, seed 3"]
     assert rows[0].endswith("| 0.700 | – | – / – | 0.500 | – / – | 0.950 | 128,000 samples | ✓ |"), rows[0]
     assert rows[1].endswith("| not reached | ✗ |") and "| 0.550 |" in rows[1]
-    assert rows[2].endswith("| 256,000 samples | ✗ |")  # binds, but zero-shot 0.85 < 0.9
+    assert rows[2].endswith("| 0.8997 | 256,000 samples | ✗ |"), rows[2]  # binds, but zero-shot under 0.9: not shown as 0.900
 
 
 def test_each_results_page_opens_with_its_answer_and_a_picture():

@@ -113,7 +113,8 @@ BUILDS = (("first build, seed 0", "reports/base-calibrated/metrics.json", "base-
           ("spread, seed {seed}", "reports/calibrated-builds/compare.json", "calibrated"),
           ("share 0.75, 4,000 steps, seed {seed}", "reports/calibrated-builds-candidate/compare.json", "share0.75-4000"),
           ("share 0.6, 4,000 steps, seed {seed}", "reports/calibrated-builds-share0.6/compare.json", "share0.6-4000"),
-          ("share 0.6, 6,000 steps, seed {seed}", "reports/calibrated-builds-share0.6-6000/compare.json", "share0.6-6000"))
+          ("share 0.6, 6,000 steps, seed {seed}", "reports/calibrated-builds-share0.6-6000/compare.json", "share0.6-6000"),
+          ("share 0.6, 6,000 steps, lr 1e-3, seed {seed}", "reports/calibrated-builds-share0.6-lr1e-3/compare.json", "share0.6-6000-lr1e-3"))
 BUILD_COLUMNS = {"swap_att": ("sugarcrepe/swap_att/acc",), "swap_obj": ("sugarcrepe/swap_obj/acc",),
                  "SC++ swap ITT att / obj": ("sugarcrepe_pp/swap_att/itt", "sugarcrepe_pp/swap_obj/itt"),
                  "binding": ("summary/binding",), "VG-Rel / VG-Attr": ("aro/vg_relation/macro_acc", "aro/vg_attribution/macro_acc"),
@@ -141,13 +142,20 @@ def _builds(root: Path) -> list[tuple[str, dict[str, float], int | None, bool]]:
     return out
 
 
+def _figure(value: float, bar: float | None = None) -> str:
+    """Three decimals, or four where three would round a figure under its bar up to it (0.8997 is not 0.900)."""
+    text = f"{value:.3f}"
+    return f"{value:.4f}" if bar is not None and value < bar <= float(text) else text
+
+
 def builds_table(root: Path = ROOT) -> str:
     """One row per build of the calibrated base's recipe: the binding families, zero-shot, where binding appeared on its
     learning curve, and whether it calibrates (swap_att ≥ 0.6 with zero-shot ≥ 0.9)."""
     head = "| build | " + " | ".join(BUILD_COLUMNS) + " | swap_att ≥ 0.6 from | calibrates |"
     rows = [head, "|---|" + "---:|" * len(BUILD_COLUMNS) + "---:|:---:|"]
+    bars = {BUILD_COLUMNS[c][0]: at for c, at in CALIBRATED.items()}
     for label, figures, reached, has_curve in _builds(root):
-        cells = [" / ".join(f"{figures[k]:.3f}" if k in figures else "–" for k in keys) for keys in BUILD_COLUMNS.values()]
+        cells = [" / ".join(_figure(figures[k], bars.get(k)) if k in figures else "–" for k in keys) for keys in BUILD_COLUMNS.values()]
         where = "no curve" if not has_curve else "not reached" if reached is None else f"{reached:,} samples"
         ok = all(figures.get(BUILD_COLUMNS[c][0], 0) >= at for c, at in CALIBRATED.items())
         rows.append(f"| {label} | " + " | ".join(cells) + f" | {where} | {'✓' if ok else '✗'} |")
