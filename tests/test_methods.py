@@ -371,17 +371,20 @@ def test_one_arm_over_seeds_is_a_recipes_spread_with_a_row_per_seed(tmp_path):
         assert differ <= {"seed", "data", "zero_shot_every"} and built["seed"] == run.seed, differ
         assert {k for k in built["data"] if built["data"][k] != recipe["data"][k]} == {"workers"}
     assert sorted(r.seed for r in compare.plan(spread)) == [1, 2, 3, 4]
-    # the candidate recipes: the same builds with only the binding share and the budget changed
-    for preset, share, steps in (("calibrated-builds-candidate.yaml", 0.75, 4000), ("calibrated-builds-share0.6.yaml", 0.6, 4000),
-                                 ("calibrated-builds-share0.6-6000.yaml", 0.6, 6000)):
+    # the candidate recipes: the same builds with only the binding share, the budget and the learning rate changed
+    for preset, share, steps, lr, seeds in (("calibrated-builds-candidate.yaml", 0.75, 4000, 2e-3, [1, 2, 3, 4]),
+                                            ("calibrated-builds-share0.6.yaml", 0.6, 4000, 2e-3, [1, 2, 3, 4]),
+                                            ("calibrated-builds-share0.6-6000.yaml", 0.6, 6000, 2e-3, [3, 4]),
+                                            ("calibrated-builds-share0.6-lr1e-3.yaml", 0.6, 6000, 1e-3, [1, 2, 3, 4])):
         candidate = load_params("compare", REPO / "params" / "presets" / "calibration" / preset)
         for run in compare.plan(candidate):
             built = run.train.model_dump(mode="json")
             differ = {k for k in built if built[k] != recipe[k]} - {"output_dir", "metrics_path", "plots_path", "preset", "mlflow_experiment"}
-            assert differ <= {"seed", "data", "zero_shot_every", "steps"} and built["steps"] == steps, (preset, differ)
+            assert differ <= {"seed", "data", "zero_shot_every", "steps", "optim"} and built["steps"] == steps, (preset, differ)
+            assert {k: v for k, v in built["optim"].items() if v != recipe["optim"][k]} == ({} if lr == recipe["optim"]["lr"] else {"lr": lr}), preset
             changed = {k: built["data"][k] for k in built["data"] if built["data"][k] != recipe["data"][k]}
             assert changed == {"workers": 0, "binding_alt_text_share": share}, preset
-        assert sorted(r.seed for r in compare.plan(candidate)) == [1, 2, 3, 4]
+        assert sorted(r.seed for r in compare.plan(candidate)) == seeds, preset
 
 
 def test_a_c2lip_arm_on_another_caption_learns_that_captions_phrases(tiny_data, tmp_path):

@@ -23,7 +23,8 @@ ASSETS = {"benchmarks.png": EXAMPLE / "benchmarks.png", "compare.png": REPORTS /
           "curves-calibrated-builds.png": REPORTS / "calibrated-builds" / "curves.png",
           "curves-calibrated-builds-candidate.png": REPORTS / "calibrated-builds-candidate" / "curves.png",
           "curves-calibrated-builds-share0.6.png": REPORTS / "calibrated-builds-share0.6" / "curves.png",
-          "curves-calibrated-builds-share0.6-6000.png": REPORTS / "calibrated-builds-share0.6-6000" / "curves.png"}
+          "curves-calibrated-builds-share0.6-6000.png": REPORTS / "calibrated-builds-share0.6-6000" / "curves.png",
+          "curves-calibrated-builds-share0.6-lr1e-3.png": REPORTS / "calibrated-builds-share0.6-lr1e-3" / "curves.png"}
 
 
 def copy(source: Path, target: str) -> bool:
