@@ -362,15 +362,17 @@ def test_one_arm_over_seeds_is_a_recipes_spread_with_a_row_per_seed(tmp_path):
     assert "1 arm × 3 seeds" in text and "Δ" not in text.split("## All items")[1].split("##")[0]
     assert "| 2 | 0.500 | – | 0.900 | – |" in text and "| mean ± sd | 0.600 ± 0.100 | – | 0.900 ± 0.000 | – |" in text
     assert compare_report.chart(summary)[:4] == b"\x89PNG"
-    # the shipped spread: the calibrated base's own recipe, only the seed (and the loader's worker count) differ
-    spread = load_params("compare", REPO / "params" / "presets" / "calibration" / "calibrated-builds.yaml")
+    # the shipped spread and the shipped build: the calibrated base's own recipe, only the seed (and the loader's
+    # worker count) differ; the shipped build has the recipe's own seed
     recipe = load_params("train", REPO / "params" / "presets" / "calibration" / "base-calibrated.yaml").model_dump(mode="json")
-    for run in compare.plan(spread):
-        built = run.train.model_dump(mode="json")
-        differ = {k for k in built if built[k] != recipe[k]} - {"output_dir", "metrics_path", "plots_path", "preset", "mlflow_experiment"}
-        assert differ <= {"seed", "data", "zero_shot_every"} and built["seed"] == run.seed, differ
-        assert {k for k in built["data"] if built["data"][k] != recipe["data"][k]} == {"workers"}
-    assert sorted(r.seed for r in compare.plan(spread)) == [1, 2, 3, 4]
+    for preset, seeds in (("calibrated-builds.yaml", [1, 2, 3, 4]), ("calibrated-build-seed0.yaml", [recipe["seed"]])):
+        spread = load_params("compare", REPO / "params" / "presets" / "calibration" / preset)
+        for run in compare.plan(spread):
+            built = run.train.model_dump(mode="json")
+            differ = {k for k in built if built[k] != recipe[k]} - {"output_dir", "metrics_path", "plots_path", "preset", "mlflow_experiment"}
+            assert differ <= {"seed", "data", "zero_shot_every"} and built["seed"] == run.seed, (preset, differ)
+            assert {k for k in built["data"] if built["data"][k] != recipe["data"][k]} == {"workers"}, preset
+        assert sorted(r.seed for r in compare.plan(spread)) == seeds, preset
     # the candidate recipes: the same builds with only the binding share, the budget and the learning rate changed
     for preset, share, steps, lr, seeds in (("calibrated-builds-candidate.yaml", 0.75, 4000, 2e-3, [1, 2, 3, 4]),
                                             ("calibrated-builds-share0.6.yaml", 0.6, 4000, 2e-3, [1, 2, 3, 4]),
