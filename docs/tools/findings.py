@@ -114,7 +114,8 @@ BUILDS = (("first build, seed 0", "reports/base-calibrated/metrics.json", "base-
           ("share 0.75, 4,000 steps, seed {seed}", "reports/calibrated-builds-candidate/compare.json", "share0.75-4000"),
           ("share 0.6, 4,000 steps, seed {seed}", "reports/calibrated-builds-share0.6/compare.json", "share0.6-4000"),
           ("share 0.6, 6,000 steps, seed {seed}", "reports/calibrated-builds-share0.6-6000/compare.json", "share0.6-6000"),
-          ("share 0.6, 6,000 steps, lr 1e-3, seed {seed}", "reports/calibrated-builds-share0.6-lr1e-3/compare.json", "share0.6-6000-lr1e-3"))
+          ("share 0.6, 6,000 steps, lr 1e-3, seed {seed}", "reports/calibrated-builds-share0.6-lr1e-3/compare.json", "share0.6-6000-lr1e-3"),
+          ("shipped build, seed {seed}", "reports/calibrated-build-seed0/compare.json", "calibrated"))
 BUILD_COLUMNS = {"swap_att": ("sugarcrepe/swap_att/acc",), "swap_obj": ("sugarcrepe/swap_obj/acc",),
                  "SC++ swap ITT att / obj": ("sugarcrepe_pp/swap_att/itt", "sugarcrepe_pp/swap_obj/itt"),
                  "binding": ("summary/binding",), "VG-Rel / VG-Attr": ("aro/vg_relation/macro_acc", "aro/vg_attribution/macro_acc"),
