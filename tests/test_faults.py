@@ -363,6 +363,7 @@ def _jpeg() -> bytes:
 
 class _Hostile(BaseHTTPRequestHandler):
     hits: dict = {}
+    release = threading.Event()  # set when the test's server shuts down: /stall.jpg's body stays stalled until then
 
     def log_message(self, *args):
         pass
@@ -387,7 +388,7 @@ class _Hostile(BaseHTTPRequestHandler):
             self.wfile.write(b"\xff" * 10)
             self.wfile.flush()
             if self.path == "/stall.jpg":
-                time.sleep(60)  # far past timeout_s (a daemon thread: the server does not wait for it)
+                self.release.wait(HANG_S)  # stalls until the test ends: past any timeout_s, however slow the machine
             self.close_connection = True
         elif self.path == "/drip.jpg":  # one byte every 0.2 s, each well within the read timeout
             self.send_response(200)
@@ -404,11 +405,12 @@ class _Hostile(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def hostile():
-    _Hostile.hits = {}
+    _Hostile.hits, _Hostile.release = {}, threading.Event()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield httpd.server_address[1], _Hostile.hits
+    _Hostile.release.set()
     httpd.shutdown()
     httpd.server_close()
 
@@ -419,7 +421,7 @@ def _table_run(tmp_path, rows, download, encoding="utf-8", image_root=None):
         writer.writerow(["url", "caption"])
         writer.writerows(rows)
     table = {"path": str(tmp_path / "t.csv"), "caption_columns": {"long": "caption"}, "image_column": "url",
-             "download": {"timeout_s": 15, "retries": 0, **download}}  # 15 s: a loaded machine's answers come in time
+             "download": {"timeout_s": 20, "retries": 0, **download}}  # 20 s: a loaded machine's answers come in time
     if image_root:
         table["image_root"] = str(image_root)
     params = CaptionsParams.model_validate({"source": "table", "caption_field": "long", "shard_size": 10, "workers": 1,
@@ -454,7 +456,7 @@ def test_a_body_that_stalls_or_is_cut_off_is_a_counted_skip_not_a_crash(tmp_path
     port, _ = hostile
     rows = [(f"http://127.0.0.1:{port}/stall.jpg", "stalls"), (f"http://127.0.0.1:{port}/cut.jpg", "cut off"),
             (f"http://127.0.0.1:{port}/good.jpg", "fine")]
-    stats, _ = _table_run(tmp_path, rows, {"allow_hosts": ["127.0.0.1"]})  # timeout_s 15 < the 60 s stall
+    stats, _ = _table_run(tmp_path, rows, {"allow_hosts": ["127.0.0.1"]})  # /stall.jpg stalls until the test ends
     assert stats["skipped"] == {"timeout": 1, "connection_error": 1} and stats["samples_written"] == 1
 
 

@@ -4,13 +4,13 @@ serving good, corrupt, oversized, slow, flaky and missing images."""
 import io
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
+from conftest import HANG_S
 from PIL import Image
 
 from components.captions import run
@@ -146,6 +146,7 @@ SMALL_NOISE = _noise_jpeg(40)  # under the cap: its truncation must fail decodin
 
 class _Handler(BaseHTTPRequestHandler):
     hits: dict = {}
+    release = threading.Event()  # set when the test's server shuts down: /slow.jpg answers only then
 
     def log_message(self, *args):  # keep pytest output clean
         pass
@@ -175,7 +176,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._send(200, BIG, length=False)
         elif path == "/slow.jpg":
-            time.sleep(30)  # far past timeout_s (8 s), so a loaded machine cannot turn it into an answer
+            self.release.wait(HANG_S)  # hangs until the test ends: past any timeout_s, however slow the machine
             self._send(200, GOOD)
         elif path == "/flaky.jpg":
             self._send(503) if self.hits[path] == 1 else self._send(200, GOOD)
@@ -187,11 +188,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    _Handler.hits = {}
+    _Handler.hits, _Handler.release = {}, threading.Event()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}", _Handler.hits
+    _Handler.release.set()
     httpd.shutdown()
     httpd.server_close()
 
@@ -230,7 +232,8 @@ def _table_params(tmp_path, path):
         tmp_path, source="table", caption_field="long", shard_size=4,
         table={
             "path": str(path), "chunk_rows": 3,
-            "download": {"concurrency": 4, "timeout_s": 8, "retries": 2, "backoff_s": 0.01, "max_bytes": 4096,
+            # 20 s per read: a loaded machine's loopback answers come well within it; only /slow.jpg, which hangs, does not
+            "download": {"concurrency": 4, "timeout_s": 20, "retries": 2, "backoff_s": 0.01, "max_bytes": 4096,
                          "allow_hosts": ["127.0.0.1"]},  # the test server: loopback is refused by default
         },
     )
