@@ -118,3 +118,28 @@ def test_shipping_a_build_copies_its_export_with_a_card_of_its_seed_and_suite_fi
     (build / "done.json").write_text("{not json")
     assert ship_base.main(["--build", str(build), "--to", str(to)]) == 1  # named on stderr; the shipped export stands
     assert checksum_problem(to) is None and "| SugarCrepe swap_att | 0.712 |" in (to / "README.md").read_text()
+
+
+def test_the_shipped_calibrated_base_is_intact_and_its_card_gives_the_build_it_came_from():
+    """models/base-calibrated/export, which the calibration presets start from: its checksums hold, open_clip loads
+    it, and its card names seed 0 and the figures its build's report recorded (a re-shipped export without its report
+    or card fails here)."""
+    import json
+
+    import open_clip
+
+    from components.shared.checkpoints import check_export
+
+    export = REPO / "models" / "base-calibrated" / "export"
+    check_export(export)
+    open_clip.create_model_and_transforms(f"local-dir:{export}")
+    card = (export / "README.md").read_text()
+    report = json.loads((REPO / "reports" / "calibrated-build-seed0" / "compare.json").read_text())
+    assert report["seeds"] == [0] and "3000 steps of 128, seed 0 |" in card
+    figures = report["metrics"]["calibrated"]
+    for key, label in (("sugarcrepe/swap_att/acc", "SugarCrepe swap_att"), ("zero_shot/top1", "zero-shot top-1")):
+        assert f"| {label} | {figures[key]['values'][0]:.3f} |" in card, label
+    from components import compare
+
+    control = load_params("compare", REPO / "params" / "presets" / "calibration" / "control-calibrated.yaml")
+    assert {run.train.model.init for run in compare.plan(control)} == {"models/base-calibrated/export"}  # they start from it
