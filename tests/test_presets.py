@@ -116,3 +116,28 @@ def test_show_prints_a_preset_resolved_and_valid(tmp_path):
     _write(tmp_path / "odd.yaml", "{}\n")
     with pytest.raises(ParamsError, match="cannot tell which stage"):
         stage_of_file(tmp_path / "odd.yaml")
+
+
+def _flat(values: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in values.items():
+        flat.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
+
+
+def test_the_default_setting_comparison_trains_what_make_run_trains():
+    """The comparison that decides the default base must fine-tune in `make run`'s own setting: every training value of
+    params/train.yaml is the same in each of its runs, save the base it starts from, the arm's method and bookkeeping
+    (where it writes, how often it checks, threads and loader workers, which change no update)."""
+    default = _flat(load_params("train").model_dump())
+    preset = load_params("compare", PARAMS_DIR / "presets" / "calibration" / "control-calibrated-default.yaml")
+    bookkeeping = {"preset", "seed", "output_dir", "metrics_path", "plots_path", "mlflow_experiment", "torch_threads",
+                   "data.workers", "zero_shot_every", "curves.enabled"}
+    runs = compare.plan(preset)
+    assert {r.arm for r in runs} == {"siglip", "negclip", "c2lip"} and len(runs) == 3 * len(preset.seeds)
+    for run in runs:
+        trained = _flat(run.train.model_dump())
+        differ = {key for key in default.keys() | trained.keys() if default.get(key) != trained.get(key)} - bookkeeping
+        expected = {"model.init"} | ({"method.name"} if run.arm != "c2lip" else set())
+        assert differ == expected, (run.arm, {key: (default.get(key), trained.get(key)) for key in differ})
+        assert trained["model.init"] == "models/base-calibrated/export" and trained["method.name"] == run.arm
