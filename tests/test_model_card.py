@@ -128,6 +128,7 @@ def test_the_shipped_calibrated_base_is_intact_and_its_card_gives_the_build_it_c
 
     import open_clip
 
+    from components import compare
     from components.shared.checkpoints import check_export
 
     export = REPO / "models" / "base-calibrated" / "export"
@@ -139,7 +140,5 @@ def test_the_shipped_calibrated_base_is_intact_and_its_card_gives_the_build_it_c
     figures = report["metrics"]["calibrated"]
     for key, label in (("sugarcrepe/swap_att/acc", "SugarCrepe swap_att"), ("zero_shot/top1", "zero-shot top-1")):
         assert f"| {label} | {figures[key]['values'][0]:.3f} |" in card, label
-    from components import compare
-
     control = load_params("compare", REPO / "params" / "presets" / "calibration" / "control-calibrated.yaml")
     assert {run.train.model.init for run in compare.plan(control)} == {"models/base-calibrated/export"}  # they start from it

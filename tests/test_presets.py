@@ -9,7 +9,7 @@ import yaml
 from conftest import HANG_S, REPO
 
 from components import compare
-from components.shared.params import PARAMS_DIR, ParamsError, load_params, read_yaml, show, stage_of_file
+from components.shared.params import PARAMS_DIR, ParamsError, flatten_params, load_params, read_yaml, show, stage_of_file
 
 STUDIES = ("binding", "calibration", "diagnosis", "methods", "recipe")
 
@@ -118,25 +118,18 @@ def test_show_prints_a_preset_resolved_and_valid(tmp_path):
         stage_of_file(tmp_path / "odd.yaml")
 
 
-def _flat(values: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in values.items():
-        flat.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-    return flat
-
-
 def test_the_default_setting_comparison_trains_what_make_run_trains():
     """The comparison that decides the default base must fine-tune in `make run`'s own setting: every training value of
     params/train.yaml is the same in each of its runs, save the base it starts from, the arm's method and bookkeeping
     (where it writes, how often it checks, threads and loader workers, which change no update)."""
-    default = _flat(load_params("train").model_dump())
+    default = flatten_params(load_params("train"))
     preset = load_params("compare", PARAMS_DIR / "presets" / "calibration" / "control-calibrated-default.yaml")
     bookkeeping = {"preset", "seed", "output_dir", "metrics_path", "plots_path", "mlflow_experiment", "torch_threads",
                    "data.workers", "zero_shot_every", "curves.enabled"}
     runs = compare.plan(preset)
     assert {r.arm for r in runs} == {"siglip", "negclip", "c2lip"} and len(runs) == 3 * len(preset.seeds)
     for run in runs:
-        trained = _flat(run.train.model_dump())
+        trained = flatten_params(run.train)
         differ = {key for key in default.keys() | trained.keys() if default.get(key) != trained.get(key)} - bookkeeping
         expected = {"model.init"} | ({"method.name"} if run.arm != "c2lip" else set())
         assert differ == expected, (run.arm, {key: (default.get(key), trained.get(key)) for key in differ})
