@@ -30,14 +30,16 @@ export PREFECT_HOME ?= $(CURDIR)/.prefect
 
 .PHONY: run test install serve compare clean-data example-run lint docs docs-serve params-reference
 
-# The Prefect flow c2lip (deployment "full") once, locally: every DVC stage, DVC push, registration.
+# The Prefect flow c2lip (deployment "full") once, locally: every DVC stage, DVC push, registration. A workspace another
+# run holds is refused at once; `make run WAIT=600` queues behind it for up to 600 s (the same for `make compare`).
+WAIT ?= 0
 run: $(STAMP)
-	python -m flows.c2lip
+	python -m flows.c2lip full --wait $(WAIT)
 
 # The comparison of methods (params/compare.yaml) as the Prefect flow c2lip/compare, once, locally:
 # reports/compare.md and reports/compare.png (README "Comparing methods").
 compare: $(STAMP)
-	python -m flows.c2lip compare
+	python -m flows.c2lip compare --wait $(WAIT)
 
 # A local Prefect server on 127.0.0.1:4200 serving the deployments c2lip/full, c2lip/evaluate, c2lip/promote, c2lip/compare.
 serve: $(STAMP)
@@ -80,16 +82,13 @@ $(CURDIR)/.tools/bin/uv:
 	python3 -m venv $(CURDIR)/.tools
 	$(CURDIR)/.tools/bin/pip install --quiet uv==$(UV_VERSION)
 
-# The generated data, metrics, reports and MLflow runs (infra/clean_data.py): only the stages' own outputs that git
-# ignores, so the committed results, data/sources (your tables and shards) and your own files in reports/ stay.
+# The generated data, metrics and reports (infra/clean_data.py): only the files a stage's record lists unchanged, never a
+# committed one; data/sources (your tables and shards), your own files anywhere and the MLflow store stay, named.
 clean-data:
 	python3 infra/clean_data.py
 
 # The latest run's report (reports/benchmarks.md, .png, metrics.json, intervals.json, plots/) kept as the shipped
-# example run that the README and the docs show (reports/example-run/, committed).
+# example run that the README and the docs show (reports/example-run/, committed): built in a fresh folder with its
+# record of what it wrote and swapped in whole (infra/example_run.py); a file of yours there stops it, named.
 example-run:
-	@test -f reports/benchmarks.md || { echo "example-run: no reports/benchmarks.md yet: run 'make run' first" >&2; exit 1; }
-	@# a fresh unique build folder (never a fixed name a user's folder could have), swapped in whole
-	set -e; tmp=$$(mktemp -d reports/.example-run.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; chmod 755 "$$tmp"; \
-	cp -r reports/benchmarks.md reports/benchmarks.png reports/metrics.json reports/intervals.json reports/plots "$$tmp"/; \
-	rm -rf reports/example-run && mv "$$tmp" reports/example-run
+	python3 infra/example_run.py

@@ -69,8 +69,10 @@ def step_flops(arch: str, method: str, batch: int, phrase_tokens: torch.Tensor |
 def trimming_change(export: Path) -> tuple[float, float, int]:
     """(mean, min) cosine between padded and trimmed phrase embeddings on a trained export, and the count."""
     from components.data import shapesworld
+    from components.shared.checkpoints import check_export
     from components.shared.params import ShapesWorldParams
 
+    check_export(export)  # checked as every loader of an export checks it: changed weights are named, not measured
     model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{export}")
     tokenizer = open_clip.get_tokenizer(f"local-dir:{export}")
     world = ShapesWorldParams()

@@ -39,10 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.shared.atomic import replace_folder
 from components.shared.owned_outputs import BUILD_MARKER
 from components.shared.params import BenchmarksParams, ParamsError, load_params
 from components.shared.processes import stage_process_setup
+from components.shared.written import ForeignFilesError, Ledger, check_replaceable, files_under, place_of, replace_folder
 from components.suite.shapesworld_suite import build_suite
 
 SUITE_MARKER = ".c2lip-benchmarks-suite"  # in every suite this stage writes: the one kind of folder it may replace
@@ -58,9 +58,10 @@ def check_output_dir(out: Path) -> Path:
                           "(default data/benchmarks/shapesworld)")
     if resolved.exists() and not resolved.is_dir():
         raise ParamsError(f"output_dir: {out} is a file, not a folder")
-    if resolved.is_dir() and any(resolved.iterdir()) and not (resolved / SUITE_MARKER).is_file():
-        raise ParamsError(f"output_dir: {out} holds files this stage did not write (no {SUITE_MARKER}); it is replaced as "
-                          "a whole, so name a new or empty folder (nothing was changed)")
+    try:
+        check_replaceable(resolved, "benchmarks")  # only what the stage recorded writing there, unchanged
+    except ForeignFilesError as err:
+        raise ParamsError(f"output_dir: {err}") from None
     return resolved
 
 
@@ -93,7 +94,8 @@ def run(params: BenchmarksParams) -> dict[str, Any]:
         raise
     (tmp / BUILD_MARKER).unlink()
     (tmp / SUITE_MARKER).write_text("written by components.benchmarks; the stage replaces this folder as a whole\n")
-    replace_folder(tmp, out)
+    Ledger(tmp, "benchmarks", place=place_of(out)).record(files_under(tmp))
+    replace_folder(tmp, out, "benchmarks")
     stats["seconds"] = round(time.perf_counter() - started, 2)
     return stats
 

@@ -42,6 +42,7 @@ from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
 from components.shared.reports import figure_png, pyplot
 from components.shared.stage_code import stage_code
+from components.shared.written import ForeignFilesError, recording_outputs
 
 SKIP_EXAMPLES = 3  # per reason, kept in the stats so a user can look at what was skipped
 
@@ -87,7 +88,7 @@ def prepare_output(params: CaptionsParams, source=None) -> None:
     """Keep finished shards made by the same params, code and source files; start afresh otherwise."""
     shaping = params.model_dump(mode="json", exclude={"workers", "stats_path", "contact_sheet"})
     shaping["source_files"] = source_signature(source)
-    resume_or_restart(params.output_dir, fingerprint(shaping, stage_code("components.captions")), ["train", "test", "parts", "manifest.parquet"])
+    resume_or_restart(params.output_dir, fingerprint(shaping, stage_code("components.captions")), "captions")
 
 
 def part_paths(out: Path, plan: ShardPlan) -> tuple[Path, Path, Path]:
@@ -179,7 +180,15 @@ def _build_in_worker(plan: ShardPlan) -> tuple[ShardPlan, dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------
 
 
+
 def run(params: CaptionsParams) -> dict[str, Any]:
+    """The stage, recording what it writes (components.shared.written): its own folder, which holds nothing else, and
+    the stats beside other stages' in metrics/."""
+    with recording_outputs("captions", folders=[params.stats_path.parent], own=[params.output_dir]):
+        return _run(params)
+
+
+def _run(params: CaptionsParams) -> dict[str, Any]:
     """Build every missing shard, then the manifest, the stats and the contact sheet. Returns the stats."""
     started = time.perf_counter()
     source, plans, todo = plan(params)
@@ -306,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         stats = run(params)
-    except SourceError as err:
+    except (SourceError, ForeignFilesError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     summary = {k: stats[k] for k in ("samples_written", "samples_by_split", "skipped", "run_seconds")}

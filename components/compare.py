@@ -31,7 +31,7 @@ import yaml
 from tqdm import tqdm
 
 from components.data.shapesworld_grammar import parse_object_phrase
-from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint, weights_identity
+from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
 from components.shared.owned_outputs import ForeignFilesError, one_writer
 from components.shared.params import (
     ROOT,
@@ -260,11 +260,17 @@ class Suite:
 
 
 def run_fingerprint(run: Run, suite: Suite) -> str:
+    from components.data.stream import expand_shards, inputs_identity
+
     code = sorted({*stage_code("components.train"), *stage_code("components.evaluate")})
     payload = {"train": run.train.model_dump(mode="json"), "suite": suite.fingerprint}
-    init = run.train.model.init
-    if Path(init).exists():  # a base rebuilt or shipped under the same path is another start: its runs train again
-        payload["init"] = weights_identity(init)
+    # what the run is made from, by content (the paths above are only names): a base rebuilt or shipped under the same
+    # path, shards rewritten, phrase files or recaptions regenerated make its runs train again
+    try:
+        shards = expand_shards(run.train.data.shards)
+    except ParamsError:  # no data yet: the run's own train stage says so when it starts
+        shards = list(run.train.data.shards)
+    payload["made_from"] = inputs_identity(run.train, shards)
     return fingerprint(payload, code)
 
 

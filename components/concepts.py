@@ -38,6 +38,7 @@ from components.shared.params import ConceptsParams, ParamsError, PhraseRules, l
 from components.shared.processes import stage_process_setup
 from components.shared.redact import one_line
 from components.shared.stage_code import stage_code
+from components.shared.written import ForeignFilesError, recording_outputs
 
 
 class ConceptsError(ValueError):
@@ -242,7 +243,7 @@ def prepare_output(params: ConceptsParams) -> None:
     shaping["manifest_sha"] = fingerprint(None, [params.manifest])  # new captions make old phrases stale
     if params.recaptions is not None and params.caption_field not in pq.read_schema(params.manifest).names:
         shaping["recaptions_sha"] = fingerprint(None, [params.recaptions])  # the captions parsed are the recaptions
-    resume_or_restart(params.output_dir, fingerprint(shaping, stage_code("components.concepts")), params.splits)
+    resume_or_restart(params.output_dir, fingerprint(shaping, stage_code("components.concepts")), "concepts")
 
 
 @dataclass
@@ -295,7 +296,15 @@ def complete(params: ConceptsParams, work: ConceptsPlan, nlp, extra: dict[str, A
     return stats
 
 
+
 def run(params: ConceptsParams) -> dict[str, Any]:
+    """The stage, recording what it writes (components.shared.written): its own folder, which holds nothing else, and
+    the stats beside other stages' in metrics/."""
+    with recording_outputs("concepts", folders=[params.stats_path.parent], own=[params.output_dir]):
+        return _run(params)
+
+
+def _run(params: ConceptsParams) -> dict[str, Any]:
     """Parse every unfinished shard (spaCy's worker processes over the whole stream), then write the stats.
     Returns the stats."""
     nlp = load_nlp(params)
@@ -378,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params("concepts", args.params)
         stats = run(params)
-    except (ParamsError, ConceptsError, CorruptFileError) as err:
+    except (ParamsError, ConceptsError, CorruptFileError, ForeignFilesError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps({k: stats[k] for k in ("captions", "phrases_per_caption", "run_captions_per_second")} | {"quality": stats.get("quality")}))

@@ -86,7 +86,7 @@ def evaluate_model(spec: EvalModelSpec, tasks: list[formats.Task], params: Evalu
     # quiet: a caller evaluating several models at once keeps one progress bar of its own
     tables = evaluate_shared(model, preprocess, tokenizer, tasks, params, label=spec.name, progress=not quiet)
     print(f"evaluate: {spec.name}: {len(tasks)} benchmarks in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    results_cache.write(params.cache_dir, spec.name, fp, tables)
+    results_cache.write(params.cache_dir, spec.name, fp, tables, tasks)
     return tables
 
 

@@ -51,6 +51,7 @@ from components.shared.processes import stage_process_setup
 from components.shared.redact import one_line, redact
 from components.shared.reports import figure_png, pyplot
 from components.shared.stage_code import stage_code
+from components.shared.written import ForeignFilesError, recording_outputs
 
 FAILURE_EXAMPLES = 3  # per reason, kept in the stats
 SHAPESWORLD_BATCH = 1000  # the oracle needs no model: large batches, one per shard at the default size
@@ -100,7 +101,7 @@ def prepare_output(params: RecaptionParams) -> None:
         shaping["transformers"].pop("device")
         shaping["transformers"].pop("batch_size")
     shaping["manifest_sha"] = fingerprint(None, [params.manifest])
-    resume_or_restart(params.output_dir, fingerprint(shaping, stage_code("components.recaption")), [*params.splits, "manifest.parquet"])
+    resume_or_restart(params.output_dir, fingerprint(shaping, stage_code("components.recaption")), "recaption")
 
 
 def samples(tar: Path, wanted: dict[str, str], needs_images: bool):
@@ -220,7 +221,15 @@ def distributed() -> tuple[int, int]:
     return 0, 1
 
 
+
 def run(params: RecaptionParams) -> dict[str, Any] | None:
+    """The stage, recording what it writes (components.shared.written): its own folder, which holds nothing else, and
+    the stats beside other stages' in metrics/."""
+    with recording_outputs("recaption", folders=[params.stats_path.parent], own=[params.output_dir]):
+        return _run(params)
+
+
+def _run(params: RecaptionParams) -> dict[str, Any] | None:
     """Caption every unfinished shard (this rank's share), then (rank 0) the manifest, stats and contact sheet."""
     started = time.perf_counter()
     shards = read_manifest(params)
@@ -353,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params("recaption", args.params)
         stats = run(params)
-    except (ParamsError, RecaptionError, CorruptFileError) as err:
+    except (ParamsError, RecaptionError, CorruptFileError, ForeignFilesError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if stats is not None:

@@ -32,6 +32,7 @@ from components.shared.model_card import CARD_FILE, SUMMARY_GROUPS, card_facts, 
 from components.shared.params import ROOT, ParamsError, RegistryParams, load_params
 from components.shared.processes import stage_process_setup
 from components.shared.redact import redact
+from components.shared.written import Ledger
 
 SUMMARY_KEYS = ("compositional", "zero_shot", "retrieval")
 MODEL_CARD_REPORT = "model-card.md"  # the registered version's card, written beside the evaluate stage's report
@@ -87,6 +88,7 @@ def register(params: RegistryParams, extra_tags: dict[str, str] | None = None) -
         **(extra_tags or {}),
     }
     mlflow_ = use_experiment(params.mlflow_experiment)
+    mark_unfinished(mlflow.MlflowClient(), params.model_name)
     with mlflow_.start_run(run_name=f"register-{params.model_name}") as run:
         mlflow_.set_tags({"stage": "register", **{k: v for k, v in tags.items() if len(v) < 5000}})
         mlflow_.log_metrics({f"summary/{k}": v for k, v in summary.items()})
@@ -96,6 +98,7 @@ def register(params: RegistryParams, extra_tags: dict[str, str] | None = None) -
     # the card with its benchmark figures beside the run's report, where a user finds it (the export's own README.md
     # is the train stage's output and keeps the training figures only)
     atomic_write_bytes(params.metrics_path.parent / MODEL_CARD_REPORT, card.encode())
+    Ledger(params.metrics_path.parent, "register").record([MODEL_CARD_REPORT])  # what clean-data may remove
     client = mlflow.MlflowClient()
     version = str(info.registered_model_version)
     for key, value in tags.items():
@@ -106,6 +109,39 @@ def register(params: RegistryParams, extra_tags: dict[str, str] | None = None) -
     client.set_registered_model_alias(params.model_name, params.challenger_alias, version)
     print(f"register: {params.model_name} version {version} (run {run.info.run_id}), alias {params.challenger_alias}", file=sys.stderr)
     return client.get_model_version(params.model_name, version)
+
+
+UNFINISHED_TAG = "c2lip.unfinished"
+
+
+def mark_unfinished(client, name: str) -> list[str]:
+    """Versions a killed registration left (created by a c2lip register run, never given their tags: no
+    ``benchmark_summary``) are tagged and described as unfinished, so no one takes them for a candidate; never deleted
+    (a registry version is the user's record too). Returns their numbers."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client.search_model_versions(f"name = '{name}'")
+    except MlflowException:
+        return []
+    marked = []
+    for version in versions:
+        if "benchmark_summary" in version.tags or UNFINISHED_TAG in version.tags or not version.run_id:
+            continue
+        try:
+            run = client.get_run(version.run_id)
+        except MlflowException:
+            continue
+        if run.data.tags.get("stage") != "register":
+            continue  # not one of ours
+        client.set_model_version_tag(name, version.version, UNFINISHED_TAG, "registration stopped before its tags and alias")
+        client.update_model_version(name, version.version, description="Unfinished: the registration that created this "
+                                    "version stopped before it was tagged; it is not a candidate. Register again.")
+        marked.append(str(version.version))
+    if marked:
+        print(f"register: {name} version(s) {', '.join(marked)} left by a stopped registration: tagged {UNFINISHED_TAG}, "
+              "kept", file=sys.stderr)
+    return marked
 
 
 REGISTERED_MODEL_DESCRIPTION = (
@@ -208,6 +244,9 @@ def promote(params: RegistryParams, candidate: str = "challenger") -> Promotion:
                    else client.get_model_version_by_alias(params.model_name, candidate))
     except MlflowException as err:
         raise RegistryError(f"{params.model_name}: no version {candidate!r} ({err.message})") from None
+    if "benchmark_summary" not in version.tags:  # a stopped registration's version: never a champion
+        raise RegistryError(f"{params.model_name}: version {version.version} was never finished by a registration (no "
+                            "benchmark_summary tag); register the model again and promote that version")
     try:
         champion = client.get_model_version_by_alias(params.model_name, params.champion_alias)
     except MlflowException:

@@ -47,13 +47,12 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from components.data.stream import TrainBatches, check_phrases_field, check_tar, expand_shards, load_phrases, recaption_files
+from components.data.stream import TrainBatches, check_phrases_field, check_tar, expand_shards, inputs_identity, load_phrases
 from components.method.methods import method_for
 from components.method.models import model_config, trims_phrases
 from components.method.module import TrainingModule
 from components.method.optim import build_model, calibrate_logits, lr_factor, param_groups
-from components.shared import atomic
-from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json, fingerprint, remove_inside, write_checksums
+from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomic_write_json, fingerprint, write_checksums
 from components.shared.checkpoints import (
     EXPORT_CONFIG,
     HISTORY_FILE,
@@ -63,6 +62,7 @@ from components.shared.checkpoints import (
     export_model,
     intact_checkpoint,
     only_unfinished,
+    remove_checkpoints,
     save_checkpoint,
     set_rng_state,
 )
@@ -75,6 +75,7 @@ from components.shared.reports import plot_losses
 from components.shared.safe_load import UnsafeCheckpointError, guard_deepspeed_loads, load_torch_file
 from components.shared.stage_code import stage_code
 from components.shared.tracking import use_experiment, where_to_watch
+from components.shared.written import recording_outputs
 from components.suite.zero_shot_probe import ShapesWorldZeroShot
 
 log = logging.getLogger("c2lip.train")
@@ -128,19 +129,13 @@ BOOKKEEPING_KEYS = {"output_dir", "checkpoint_every", "keep_checkpoints", "log_e
 
 
 def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
-    """What a checkpoint must match to be resumed: the params but the bookkeeping keys, the shards, the
-    world size, the stage's code (as the captions stage does: a resumed run never mixes two versions) and the
-    content of the text inputs read beside the shards — the noun phrases and, when a caption field is theirs, the
-    recaptions — so new phrases (another extractor) or new captions (another captioner) start a new run."""
+    """What a checkpoint must match to be resumed: the params but the bookkeeping keys, the shards, the world size,
+    the stage's code (as the captions stage does: a resumed run never mixes two versions) and what it is made from
+    (:func:`components.data.stream.inputs_identity`)."""
     payload = params.model_dump(mode="json", exclude=BOOKKEEPING_KEYS)
     payload["data"].pop("workers")
-    data = params.data
-    texts = sorted(Path(data.concepts_dir).glob("*.parquet")) if data.concepts_dir is not None else []
-    texts += recaption_files(data.recaptions_dir, [*data.caption_fields, *filter(None, [data.single_object_caption_field])])[0]
-    # what it is made from, not only names: a rebuilt base or rewritten shards start a new run, never resume a stale one
-    made_from = {"init": atomic.weights_identity(params.model.init), "shards": atomic.shards_identity(shards)}
-    return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params), **made_from},
-                       [*stage_code("components.train"), *texts])
+    return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params), **inputs_identity(params, shards)},
+                       stage_code("components.train"))
 
 
 def start_mlflow(params: TrainParams, stage: str):
@@ -256,7 +251,7 @@ def setup(params: TrainParams, stage: str) -> Run:
         if ckpt_dir.exists():
             log.info("no checkpoint in %s was finished before the run stopped: starting afresh" if unfinished else
                      "checkpoints in %s belong to other params: starting afresh", ckpt_dir)
-            remove_inside(params.output_dir, ckpt_dir.name)
+            remove_checkpoints(ckpt_dir)
         atomic_write_json(fp_file, {"fingerprint": current})
     dist.barrier()
 
@@ -435,14 +430,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ParamsError, CorruptFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    code = launch("components.train", ["--params", str(args.params), "--stage", stage], params.processes)
-    if code is not None:  # the torchrun children did the work
-        return code
-    try:
-        train(params, stage)
-    except (CorruptFileError, UnsafeCheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    # the figures beside other stages' in metrics/ are recorded as the train stage's (components.shared.written)
+    with recording_outputs("train", folders=[params.metrics_path.parent, params.plots_path.parent]):
+        code = launch("components.train", ["--params", str(args.params), "--stage", stage], params.processes)
+        if code is not None:  # the torchrun children did the work
+            return code
+        try:
+            train(params, stage)
+        except (CorruptFileError, UnsafeCheckpointError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     return 0
 
 

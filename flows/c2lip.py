@@ -39,6 +39,7 @@ from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_para
 from components.shared.params import STAGES as PARAM_MODELS
 from components.shared.processes import die_with_parent, mark_run
 from components.shared.redact import redact
+from components.suite.model_loading import model_found
 from flows.progress import ProgressLog, readable
 from flows.run_page import (
     absolute_links,
@@ -50,7 +51,15 @@ from flows.run_page import (
     reason_in_state,
     report_summary,
 )
-from flows.workspace import confine_paths, output_dir_inside, resolve_overrides, run_with_overrides, workspace_lock
+from flows.workspace import (
+    WorkspaceBusy,
+    confine_paths,
+    holder_if_busy,
+    output_dir_inside,
+    resolve_overrides,
+    run_with_overrides,
+    workspace_lock,
+)
 
 PROGRESS = re.compile(r"\d+%\|")
 PIPELINE = ["captions", "recaption", "concepts", "base", "train", "benchmarks", "evaluate"]
@@ -233,7 +242,7 @@ def evaluate_stage(params, label: str) -> dict[str, float]:
 @flow(name="c2lip", log_prints=True)
 @reason_in_state
 def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, benchmarks: SuiteParams | None = None,
-             output_dir: str = "reports/adhoc") -> dict[str, float]:
+             output_dir: str = "reports/adhoc", wait_for_workspace_s: float = 0.0) -> dict[str, float]:
     """The benchmark suite for one model (a registered version or alias, a checkpoint, an export folder
     or an open_clip name + tag), beside an optional reference; outside DVC, under ``output_dir`` (inside the
     workspace, or a folder the worker's C2LIP_OUTSIDE_ROOTS admits)."""
@@ -248,8 +257,12 @@ def evaluate(model: EvalModelSpec, reference: EvalModelSpec | None = None, bench
     if benchmarks is not None:
         params.benchmarks = benchmarks
     params.output_dir = report_dir
-    ensure_default_suite(params, dvc_repro)  # a fresh clone has no ShapesWorld suite yet: build it, do not fail on it
-    flat = evaluate_stage(params, model.name)
+    for spec in params.models:  # a missing alias (no champion yet) or path, before a suite is built or a model scored
+        model_found(spec)
+    # two runs never share a workspace: this one builds the suite with DVC and writes the evaluate cache
+    with workspace_lock(ROOT, f"flow run {flow_run.get_name() or 'local'} (evaluate {model.name})", wait_for_workspace_s):
+        ensure_default_suite(params, dvc_repro)  # a fresh clone has no ShapesWorld suite yet: build it, do not fail on it
+        flat = evaluate_stage(params, model.name)
     report = absolute_links((params.output_dir / "benchmarks.md").read_text(), params.output_dir)
     text = "\n".join([report, *mlflow_line(params.output_dir, params.mlflow_experiment)])
     create_markdown_artifact(markdown=text, key=artifact_key(f"c2lip-evaluate-{model.name}"), description=f"Benchmarks of {model.name}")
@@ -342,12 +355,35 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds the flow: params put back, lock released, Prefect's server stopped
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    """`make run` (the full flow) and `make compare`, once, locally. A workspace another run holds is refused at once in
+    one line (before Prefect's server starts), unless ``--wait`` queues behind it."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m flows.c2lip", description="The c2lip flow once, locally.")
+    parser.add_argument("what", nargs="?", choices=["full", "compare"], default="full", help="full (make run) or compare (make compare)")
+    parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                        help="wait up to this long for another run to release the workspace (make run WAIT=SECONDS)")
+    args = parser.parse_args(argv)
+    holder = holder_if_busy(ROOT)
+    if holder is not None and args.wait <= 0:
+        print(f"c2lip: another c2lip run holds the workspace {ROOT} ({holder}); nothing was changed. Wait for it, or queue "
+              f"behind it: make {'compare' if args.what == 'compare' else 'run'} WAIT=<seconds>", file=sys.stderr)
+        return 2
     mark_run()  # before Prefect starts its server: every process of this run carries the id
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    if sys.argv[1:] == ["compare"]:  # make compare
-        outcome = compare_methods()
-        print(f"\ncomparison report: {ROOT / 'reports' / 'compare.md'} (chart: reports/compare.png); took {outcome['seconds']} s")
-    else:
-        outcome = full()
-        print("\n" + where_results_are(outcome))
+    try:
+        if args.what == "compare":
+            outcome = compare_methods(wait_for_workspace_s=args.wait)
+            print(f"\ncomparison report: {ROOT / 'reports' / 'compare.md'} (chart: reports/compare.png); took {outcome['seconds']} s")
+        else:
+            outcome = full(wait_for_workspace_s=args.wait)
+            print("\n" + where_results_are(outcome))
+    except WorkspaceBusy as err:  # another run took the workspace between the check and the flow: still one line
+        print(f"c2lip: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

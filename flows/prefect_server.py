@@ -11,9 +11,16 @@ addressed to 127.0.0.1 or localhost are served: the UI, the CLI and the workers 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 LOOPBACK_NAMES = ["127.0.0.1", "localhost"]
+CORS_SETTING = "PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS"
+
+
+def own_origins(port: int) -> str:
+    """The UI's own origins: the only pages that may call the API from a browser (Prefect's default is every origin)."""
+    return ",".join(f"http://{name}:{port}" for name in LOOPBACK_NAMES)
 
 
 def app():
@@ -33,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=4200)
     args = parser.parse_args(argv)
+    # run alone (its documented use) as under `make serve`: the UI's own origins only, unless the environment names others
+    os.environ.setdefault(CORS_SETTING, own_origins(args.port))
     uvicorn.run(app(), host="127.0.0.1", port=args.port, log_level=PREFECT_SERVER_LOGGING_LEVEL.value().lower())
     return 0
 

@@ -30,13 +30,22 @@ class ReportsHandler(http.server.SimpleHTTPRequestHandler):
         if not self._allowed_host():
             self.send_error(403, "requests must be addressed to 127.0.0.1 or localhost")
             return None
-        root = Path(self.directory).resolve()
-        path = Path(self.translate_path(self.path))
+        try:
+            return self._checked_head()
+        except (OSError, ValueError):  # a NUL byte (%00) or a name the file system refuses: not found, not a traceback
+            self.send_error(404, "not found")
+            return None
+
+    def _checked_head(self):
+        # both absolute, unresolved: the link check below compares the path as asked with the root (a relative
+        # --directory made it compare nothing)
+        root = Path(os.path.abspath(self.directory))
+        path = Path(os.path.abspath(self.translate_path(self.path)))
         if path.is_dir():
             path = path / "index.html"
         # a link anywhere on the way (the file, a folder above it) is refused, as is anything outside the root
         parts = [path, *path.parents]
-        if any(p.is_symlink() for p in parts if p != root and root in p.parents) or not path.resolve().is_relative_to(root):
+        if any(p.is_symlink() for p in parts if p != root and root in p.parents) or not path.resolve().is_relative_to(root.resolve()):
             self.send_error(404, "not found")
             return None
         if not path.is_file():

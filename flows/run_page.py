@@ -16,7 +16,7 @@ from prefect.artifacts import create_markdown_artifact as _create_markdown_artif
 from prefect.states import Failed
 
 from components.shared.params import ROOT, load_params
-from components.shared.redact import redact
+from components.shared.redact import one_line, redact
 
 
 def failure_reason(err: BaseException, limit: int = 300) -> str:
@@ -94,7 +94,7 @@ def mlflow_line(report_dir: Path, experiment: str | None = None) -> list[str]:
     try:
         where = report_run(experiment or load_params("evaluate").mlflow_experiment, report_dir)
     except Exception as err:  # noqa: BLE001 - a tracking store that cannot be read must not fail a finished run
-        print(f"(the report's MLflow run could not be looked up: {err})")
+        print(f"(the report's MLflow run could not be looked up: {one_line(err)})")
         return []
     return ["", f"The same report in MLflow, with every metric and the gallery: {where}"] if where else []
 

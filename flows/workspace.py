@@ -54,7 +54,8 @@ def workspace_lock(root: Path, owner: str, wait_s: float = 0.0, poll_s: float = 
                 holder = handle.read().strip() or "unknown"
                 handle.close()
                 raise WorkspaceBusy(f"another c2lip run holds the workspace {root} ({holder}); it was not changed. "
-                                    f"Wait for that run, or pass wait_for_workspace_s to queue behind it.") from None
+                                    "Wait for that run, or queue behind it: `make run WAIT=<seconds>` (`make compare "
+                                    "WAIT=…`), a deployment's wait_for_workspace_s.") from None
             time.sleep(poll_s)
     try:
         reap_killed_runs()  # their root process is gone, so no live run owns them (in any workspace)
@@ -71,6 +72,22 @@ def workspace_lock(root: Path, owner: str, wait_s: float = 0.0, poll_s: float = 
         handle.truncate()
         fcntl.flock(handle, fcntl.LOCK_UN)
         handle.close()
+
+
+def holder_if_busy(root: Path) -> str | None:
+    """Who holds the workspace's run lock now (None: nobody), without taking it: a run checks it before any work (a
+    Prefect server to start, a suite to build) and refuses in one line rather than after minutes."""
+    path = Path(root) / LOCK_NAME
+    if not path.exists():
+        return None
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            return handle.read().strip() or "unknown"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
 
 
 def resolve_overrides(root: Path, overrides: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -1,114 +1,121 @@
-"""`make clean-data`: remove what the pipeline generated, and nothing of the user's.
+"""`make clean-data`: remove what the pipeline generated in this checkout, and nothing of the user's.
 
-Only three kinds of entries go, and only when git neither tracks them nor would keep them (ignored, untracked):
+The checkout is the one this script lies in, never the current directory's. A file goes only when a stage's record of
+what it wrote (``.c2lip-<stage>-outputs.json`` beside it: its path and SHA256, ``components/shared/written.py``) lists
+it with the same content, the record stands where it was written (a copied or renamed report folder carries a record
+of another place: nothing in it goes), and git does not track it. Where it looks: the stages' data folders under
+``data/`` (``PIPELINE_DATA``; never ``data/sources/``), ``metrics/``, the local MLflow artifacts and every folder
+under ``reports/``. Anything else there — a user's plot, notes, a hand-made report, a file changed since the stage
+wrote it — is kept and named in one line.
 
-- the stages' own data folders under ``data/`` (``PIPELINE_DATA``; a test checks it covers dvc.yaml's outputs there),
-  never ``data/sources/`` (where users keep their tables and shards) or any other folder of the user's;
-- ``metrics/`` files, the local MLflow store (``mlruns/``, ``mlartifacts/``);
-- under ``reports/``: every file a stage's manifest (``.c2lip-<stage>-outputs.json``) lists as its own, with the
-  manifest itself; the evaluate stage's report (``EVALUATE_REPORT``) whole only where it left no manifest. A folder a user made there
-  (``reports/my-analysis/``) or a file of theirs beside a report stays.
-
-Standard library only: it runs before the project's environment exists (`make clean-data` on a fresh clone).
+It holds the workspace's run lock while it works (a `make run` beside it is never cleaned under its feet), and needs
+only the standard library: it runs before the project's environment exists (`make clean-data` on a fresh clone).
 """
 
 from __future__ import annotations
 
-import json
+import fcntl
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from components.shared.written import files_under, ledgers_in, named, remove_recorded  # noqa: E402
+
 # the stages' working folders under data/ (the captions, recaption, concepts and benchmarks stages' outputs, the
 # evaluate stage's cache); tests/test_pipeline.py checks this covers every dvc.yaml output under data/
 PIPELINE_DATA = ("data/captions", "data/recaptions", "data/concepts", "data/benchmarks", "data/evaluate_cache")
-# the evaluate stage's outputs in reports/ (dvc.yaml), also for a run that stopped before writing its manifest
-EVALUATE_REPORT = ("reports/benchmarks.md", "reports/benchmarks.png", "reports/metrics.json", "reports/intervals.json",
-                   "reports/items", "reports/plots", "reports/gallery")
-# what registration writes beside it (components/register.py): the registered version's model card
-REGISTER_REPORT = ("reports/model-card.md",)
-STORES = ("metrics", "mlruns", "mlartifacts")
-MANIFEST_GLOB = ".c2lip-*-outputs.json"
-EVALUATE_MANIFEST = ".c2lip-evaluate-outputs.json"
+STORES = ("metrics", "mlartifacts", "mlruns")
+REPORTS = "reports"
+# records of outputs kept on purpose, never cleaned: the shipped example run (`make example-run`, committed)
+KEPT_ON_PURPOSE = ("example-run",)
+RUN_LOCK = ".c2lip-run.lock"  # components/shared/params_base.py RUN_LOCK (a test holds them equal)
 
 
-def _git_lines(root: Path, *args: str) -> list[str]:
-    out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True)
-    return [line for line in out.stdout.split("\0") if line]
+class CleanError(RuntimeError):
+    """clean-data cannot run here (another run holds the workspace, or this is not a c2lip checkout)."""
 
 
-def _ignored_untracked(root: Path, paths: list[str]) -> set[str]:
-    """Files (and links) under ``paths`` that git ignores and does not track, relative to ``root``."""
-    if not paths:
+def tracked_files(root: Path) -> set[str]:
+    """Files git tracks in ``root`` (relative paths); none where ``root`` is not a git checkout (an archive)."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
         return set()
-    return set(_git_lines(root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--", *paths))
+    top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != root.resolve():
+        return set()  # root lies inside another repository without being one itself: its files are not tracked here
+    return {line for line in out.stdout.split("\0") if line}
 
 
-def _manifest_files(root: Path) -> list[str]:
-    """Every file a stage's manifest under reports/ lists, and the manifests themselves."""
-    listed: list[str] = []
-    reports = root / "reports"
-    if not reports.is_dir():
-        return listed
-    for manifest in sorted(reports.rglob(MANIFEST_GLOB)):
-        if manifest.is_symlink():
+def ledger_folders(root: Path) -> list[Path]:
+    """Every folder under the cleaned areas holding a stage's record, deepest first (links never followed)."""
+    found = []
+    for area in (*PIPELINE_DATA, *STORES, REPORTS):
+        top = root / area
+        if top.is_symlink() or not top.is_dir():
             continue
-        folder = manifest.parent.relative_to(root).as_posix()
-        listed.append(f"{folder}/{manifest.name}")
-        try:
-            files = json.loads(manifest.read_text()).get("files", [])
-        except (OSError, ValueError, AttributeError):
-            print(f"clean-data: {manifest.relative_to(root)} is unreadable: only the manifest goes, "
-                  "the files it listed stay", file=sys.stderr)
-            continue
-        for name in files:
-            # plain relative names only: a manifest can never point a removal outside its folder
-            if isinstance(name, str) and name and not name.startswith("/") and ".." not in Path(name).parts:
-                listed.append(f"{folder}/{name}")
-    return listed
+        for dirpath, _, _ in os.walk(top, followlinks=False):
+            if any(ledger.stage not in KEPT_ON_PURPOSE for ledger in ledgers_in(Path(dirpath), root)):
+                found.append(Path(dirpath))
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
 
-def _remove_empty_parents(path: Path, stop: Path) -> None:
-    for parent in path.parents:
-        if parent == stop or stop not in parent.parents:
-            return
-        try:
-            parent.rmdir()  # only an empty folder goes
-        except OSError:
-            return
+def clean(root: Path) -> tuple[list[str], list[str]]:
+    """Remove the recorded outputs under ``root``; returns (removed, kept): workspace-relative paths, sorted. Kept: the
+    files under the cleaned areas that git does not track and no record lists unchanged."""
+    root = Path(root)
+    tracked = tracked_files(root)
+    removed = []
+    for folder in ledger_folders(root):
+        prefix = folder.relative_to(root).as_posix()
+        mine = frozenset(t[len(prefix) + 1:] for t in tracked if t.startswith(prefix + "/"))
+        gone = remove_recorded(folder, mine, root, skip=KEPT_ON_PURPOSE)
+        removed += [f"{prefix}/{f}" for f in gone]
+    kept = []
+    for area in (*PIPELINE_DATA, *STORES, REPORTS):
+        top = root / area
+        if top.is_dir() and not top.is_symlink():
+            kept += [f"{area}/{f}" for f in files_under(top) if f"{area}/{f}" not in tracked]
+        elif top.is_symlink():
+            kept.append(area)
+    return sorted(removed), sorted(kept)
 
 
-def clean(root: Path) -> list[str]:
-    """Remove the pipeline's generated files under ``root``; returns what was removed (relative paths, sorted)."""
-    # the evaluate stage's report goes whole only when no manifest says which of its files are the stage's
-    report = () if (root / "reports" / EVALUATE_MANIFEST).is_file() else EVALUATE_REPORT
-    existing = [p for p in (*PIPELINE_DATA, *STORES, *report, *REGISTER_REPORT) if (root / p).exists() or (root / p).is_symlink()]
-    removable = _ignored_untracked(root, existing)
-    manifest_files = [p for p in _manifest_files(root) if (root / p).is_file() or (root / p).is_symlink()]
-    removable |= _ignored_untracked(root, manifest_files) & set(manifest_files)
-    for name in sorted(removable):
-        path = root / name
-        print(f"Removing {name}")
-        path.unlink()
-        _remove_empty_parents(path, root)
-    # a whole generated folder that held only what went above is gone with it; a user's file inside one keeps it
-    for folder in (*PIPELINE_DATA, *STORES, *EVALUATE_REPORT):
-        path = root / folder
-        if path.is_dir() and not path.is_symlink():
-            for dirpath, _, _ in sorted(os.walk(path), reverse=True):
-                try:
-                    Path(dirpath).rmdir()
-                except OSError:
-                    pass
-    return sorted(removable)
+def hold_workspace(root: Path):
+    """The workspace's run lock (the one every run takes, flows/workspace.py), or CleanError naming its holder."""
+    handle = open(root / RUN_LOCK, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise CleanError(f"another c2lip run holds the workspace {root} ({holder}); nothing was removed. "
+                         "Run clean-data when it has ended") from None
+    return handle
 
 
 def main() -> int:
-    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True)
-    root = Path(top.stdout.strip())
-    removed = clean(root)
-    print(f"clean-data: removed {len(removed)} generated file(s); data/sources/ and your own files in reports/ stay")
+    if not (ROOT / "components" / "shared" / "written.py").is_file() or not (ROOT / "dvc.yaml").is_file():
+        print(f"clean-data: {ROOT} is not a c2lip checkout; nothing was removed", file=sys.stderr)
+        return 2
+    try:
+        lock = hold_workspace(ROOT)
+    except CleanError as err:
+        print(f"clean-data: {err}", file=sys.stderr)
+        return 2
+    try:
+        removed, kept = clean(ROOT)
+    finally:
+        lock.close()
+    for name in removed:
+        print(f"Removing {name}")
+    print(f"clean-data: removed {len(removed)} file(s) the pipeline wrote in {ROOT}")
+    if kept:
+        print(f"clean-data: kept {len(kept)} file(s) it did not write (or that changed since): {named(kept)}")
     return 0
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import HANG_S, REPO
 
+from components.shared.written import Ledger
 from flows import workspace
 
 # --------------------------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ def test_the_benchmarks_stage_never_replaces_a_folder_it_did_not_write(tmp_path,
     mine = tmp_path / "my-notes"
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
-    with pytest.raises(ParamsError, match="my-notes holds files this stage did not write"):
+    with pytest.raises(ParamsError, match="my-notes holds 1 file\\(s\\) c2lip did not write"):
         benchmarks.run(BenchmarksParams(captions_params=cap_file, output_dir=mine))
     assert (mine / "thesis.tex").read_text() == "years of work" and sorted(p.name for p in mine.iterdir()) == ["thesis.tex"]
     monkeypatch.chdir(tmp_path)
@@ -431,6 +432,7 @@ def test_where_and_how_fast_the_llm_runs_does_not_redo_finished_phrase_shards(tm
     concepts.prepare_output(params(batch_size=8, device="cpu"))
     (out / "train").mkdir(parents=True, exist_ok=True)
     (out / "train" / "done.parquet").write_text("finished")
+    Ledger(out, "concepts").record(["train/done.parquet"])  # as the stage records what it writes
     concepts.prepare_output(params(batch_size=64, device="cuda"))
     assert (out / "train" / "done.parquet").is_file()
     concepts.prepare_output(params(batch_size=64, device="cuda", max_new_tokens=8))  # this changes the phrases
@@ -578,6 +580,7 @@ def test_a_misspelt_model_for_evaluate_or_a_damaged_init_for_train_touches_no_ou
     reports = tmp_path / "reports"
     reports.mkdir()
     (reports / "benchmarks.md").write_text("the last good report")
+    Ledger(reports, "evaluate").record(["benchmarks.md"])  # the stage's own, from its last run
     wino = tmp_path / "wino"
     wino.mkdir()
     (wino / "examples.jsonl").write_text(json.dumps({"id": 0, "caption_0": "a", "caption_1": "b", "image_0": "x", "image_1": "y"}) + "\n")
@@ -592,7 +595,8 @@ def test_a_misspelt_model_for_evaluate_or_a_damaged_init_for_train_touches_no_ou
     file.write_text(yaml.safe_dump(params))
     assert evaluate.main(["--params", str(file)]) == 2
     assert "tuned" in capsys.readouterr().err
-    assert sorted(p.name for p in reports.iterdir()) == ["benchmarks.md"] and not (tmp_path / "cache").exists()
+    assert sorted(p.name for p in reports.iterdir()) == [".c2lip-evaluate-outputs.json", "benchmarks.md"]
+    assert (reports / "benchmarks.md").read_text() == "the last good report" and not (tmp_path / "cache").exists()
     # train: its checkpoints stay when model.init names a damaged file
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)

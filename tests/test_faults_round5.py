@@ -115,7 +115,7 @@ def test_publish_copies_the_model_files_only_and_never_follows_a_link(tmp_path):
     (export / "notes.txt").write_text("mine")
     (export / "linked.txt").symlink_to(tmp_path / "secret.txt")
     out = hub_folder(export, "# card\n", tmp_path / "hub")
-    assert sorted(p.name for p in out.iterdir()) == [".c2lip-publish", "README.md", "open_clip_config.json", "open_clip_model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [".c2lip-publish-outputs.json", "README.md", "open_clip_config.json", "open_clip_model.safetensors"]
     weights = export / "open_clip_model.safetensors"
     weights.rename(tmp_path / "w.safetensors")
     weights.symlink_to(tmp_path / "w.safetensors")

@@ -39,10 +39,14 @@ def test_ci_runs_the_readme_commands_in_the_readme_order():
 
 
 def _repo_with_outputs(tmp_path: Path) -> Path:
-    """A git repo with the project's Makefile and .gitignore, a committed example report and a run's own outputs."""
+    """A git repo with what `make clean-data` and `make example-run` need, a committed example report (with its record)
+    and a run's own outputs, recorded as the stages record them."""
+    from components.shared.written import Ledger, files_under
+
     work = tmp_path / "repo"
     work.mkdir()
-    for name in ("Makefile", ".gitignore", "infra/clean_data.py"):
+    for name in ("Makefile", ".gitignore", "dvc.yaml", "infra/clean_data.py", "infra/example_run.py", "components/__init__.py",
+                 "components/shared/__init__.py", "components/shared/written.py"):
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, work / name)
     files = {"reports/example-run/benchmarks.md": "shipped", "reports/calibration.json": "{}", "metrics/base.json": "{}",
@@ -50,6 +54,8 @@ def _repo_with_outputs(tmp_path: Path) -> Path:
     for name, text in files.items():
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_text(text)
+    example = work / "reports" / "example-run"
+    Ledger(example, "example-run", workspace=work).record(files_under(example))
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], cwd=work, check=True)
     subprocess.run([*git, "add", "-A"], cwd=work, check=True)
@@ -58,21 +64,28 @@ def _repo_with_outputs(tmp_path: Path) -> Path:
                  "data/captions/manifest.parquet", "mlruns/0/meta.yaml"):
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_text("a run's output")
+    Ledger(work / "reports", "evaluate", workspace=work).record(["benchmarks.md", "metrics.json", "gallery/index.html"])
+    Ledger(work / "metrics", "train", workspace=work).record(["train.json"])
+    Ledger(work / "data" / "captions", "captions", workspace=work).record(["manifest.parquet"])
     return work
 
 
 def test_a_runs_reports_are_ignored_and_clean_data_keeps_the_committed_ones(tmp_path):
     work = _repo_with_outputs(tmp_path)
     status = subprocess.run(["git", "status", "--porcelain"], cwd=work, capture_output=True, text=True, check=True)
-    assert status.stdout == ""  # a run's outputs never show as edits or new files
-    subprocess.run(["make", "clean-data"], cwd=work, check=True, capture_output=True, env={**os.environ, "UV": "/bin/true"})
+    assert status.stdout == ""  # a run's outputs (and their records) never show as edits or new files
+    done = subprocess.run(["make", "clean-data"], cwd=work, check=True, capture_output=True, text=True, env={**os.environ, "UV": "/bin/true"})
     for name in ("reports/example-run/benchmarks.md", "reports/calibration.json", "metrics/base.json", "data/sources/README.md"):
         assert (work / name).is_file(), f"clean-data removed the committed {name}"
-    for name in ("reports/benchmarks.md", "reports/gallery", "metrics/train.json", "data/captions", "mlruns"):
+    for name in ("reports/benchmarks.md", "reports/gallery", "metrics/train.json", "data/captions"):
         assert not (work / name).exists(), f"clean-data left {name}"
+    # the MLflow store is no stage's output: kept, and said
+    assert (work / "mlruns" / "0" / "meta.yaml").is_file() and "kept 1 file(s)" in done.stdout and "mlruns/0/meta.yaml" in done.stdout
 
 
 def test_clean_data_keeps_the_users_own_tables_shards_and_report_folders(tmp_path):
+    from components.shared.written import Ledger
+
     work = _repo_with_outputs(tmp_path)
     mine = {"data/sources/my_table.csv": "url,caption", "data/sources/myshards/00000.tar": "tar",
             "data/my_notes/plan.txt": "mine", "reports/my-analysis/notes.md": "mine", "reports/gallery/my_page.html": "mine",
@@ -82,10 +95,9 @@ def test_clean_data_keeps_the_users_own_tables_shards_and_report_folders(tmp_pat
     for name, text in {**mine, **generated}.items():
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_text(text)
-    manifest = {"files": ["compare.md", "compare-gallery/index.html", "../../data/sources/my_table.csv"]}
-    (work / "reports/my-compare/.c2lip-compare-outputs.json").write_text(json.dumps(manifest))
-    evaluated = {"files": ["benchmarks.md", "metrics.json", "gallery/index.html"]}
-    (work / "reports/.c2lip-evaluate-outputs.json").write_text(json.dumps(evaluated))
+    Ledger(work / "reports" / "my-compare", "compare", workspace=work).record(["compare.md", "compare-gallery/index.html",
+                                                                                "../../data/sources/my_table.csv"])
+    Ledger(work / "data" / "evaluate_cache", "evaluate", workspace=work).record(["model/items.parquet"])
     done = subprocess.run(["make", "clean-data"], cwd=work, capture_output=True, text=True, env={**os.environ, "UV": "/bin/true"})
     assert done.returncode == 0, done.stderr
     for name, text in mine.items():
@@ -93,7 +105,7 @@ def test_clean_data_keeps_the_users_own_tables_shards_and_report_folders(tmp_pat
     for name in (*generated, "reports/my-compare/.c2lip-compare-outputs.json", "reports/.c2lip-evaluate-outputs.json",
                  "reports/benchmarks.md", "reports/gallery/index.html", "data/captions"):
         assert not (work / name).exists(), f"clean-data left the generated {name}"
-    assert "Removing data/sources" not in done.stdout and "my-analysis" not in done.stdout
+    assert "Removing data/sources" not in done.stdout and "Removing reports/my-analysis" not in done.stdout
 
 
 def test_clean_data_knows_every_data_and_report_output_of_dvc_yaml():
@@ -109,7 +121,7 @@ def test_clean_data_knows_every_data_and_report_output_of_dvc_yaml():
         if out.startswith("data/"):
             assert any(out == d or out.startswith(d + "/") for d in clean_data.PIPELINE_DATA), out
         if out.startswith("reports/"):
-            assert out in clean_data.EVALUATE_REPORT, out
+            assert out.startswith(clean_data.REPORTS + "/"), out
 
 
 def test_example_run_keeps_a_runs_report_as_the_shipped_one(tmp_path):
@@ -123,4 +135,8 @@ def test_example_run_keeps_a_runs_report_as_the_shipped_one(tmp_path):
     subprocess.run(["make", "example-run"], cwd=work, check=True, capture_output=True)
     assert (work / "reports" / "example-run" / "benchmarks.md").read_text() == "a run's output"
     assert (work / "reports" / "example-run" / "plots" / "finetuned.json").is_file()
-    assert not (work / "reports" / "example-run.tmp").exists()
+    assert not list((work / "reports").glob(".example-run*")) and not (work / "reports" / "example-run.tmp").exists()
+    (work / "reports" / "example-run" / "mine.txt").write_text("mine")  # a file of yours there: refused, kept
+    refused = subprocess.run(["make", "example-run"], cwd=work, capture_output=True, text=True)
+    assert refused.returncode != 0 and "mine.txt" in refused.stderr
+    assert (work / "reports" / "example-run" / "mine.txt").read_text() == "mine"

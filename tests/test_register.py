@@ -130,7 +130,10 @@ class _FakeHub:
 
         if self.fail:
             raise OSError(self.fail)
-        self.calls.append(("upload_folder", repo_id, sorted(p.name for p in Path(folder_path).iterdir() if p.name not in kw["ignore_patterns"])))
+        from fnmatch import fnmatch
+
+        kept = [p.name for p in Path(folder_path).iterdir() if not any(fnmatch(p.name, pattern) for pattern in kw["ignore_patterns"])]
+        self.calls.append(("upload_folder", repo_id, sorted(kept)))
         return type("Commit", (), {"commit_url": f"https://huggingface.co/{repo_id}/commit/abc"})()
 
 
@@ -159,7 +162,7 @@ def test_publish_writes_the_folder_open_clip_loads_from_the_hub_with_the_evaluat
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
-    with pytest.raises(reg.PublishError, match="mine: exists and was not written by a publish"):
+    with pytest.raises(reg.PublishError, match=r"mine holds 1 file\(s\) c2lip did not write there.*notes.txt"):
         reg.publish(params, mine)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     with pytest.raises(reg.PublishError, match="someone/x: the upload failed: no token"):

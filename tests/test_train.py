@@ -457,8 +457,14 @@ def test_a_float16_export_halves_the_file_and_loads_into_a_float32_model(tmp_pat
 
 
 def test_pruning_keeps_the_newest_checkpoints_and_never_the_one_latest_names(tmp_path):
-    for step in (1, 2, 3, 4):
-        (tmp_path / f"step{step:08d}").mkdir()
+    from components.shared.atomic import write_checksums
+
+    for step in (1, 2, 3, 4):  # as save_checkpoint leaves them: on the record, by their checksums
+        tag = f"step{step:08d}"
+        checkpoints.checkpoints_record(tmp_path).begin_folder(tag)
+        (tmp_path / tag / "model.pt").write_bytes(bytes([step]))
+        write_checksums(tmp_path / tag)
+        checkpoints.record_checkpoint(tmp_path, tag)
     (tmp_path / "latest").write_text("step00000001")  # e.g. a save that has not finished its pointer
     checkpoints.prune_checkpoints(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.glob("step*")) == ["step00000001", "step00000003", "step00000004"]

@@ -27,7 +27,7 @@ import webdataset as wds
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
-from components.shared.atomic import CorruptFileError, read_parquet
+from components.shared.atomic import CorruptFileError, fingerprint, read_parquet, shards_identity, weights_identity
 from components.shared.params import ParamsError
 
 
@@ -79,7 +79,16 @@ def phrases_parsed_from(concepts_dir: Path) -> list[str] | None:
         names = (pq.read_schema(files[0]).metadata or {}).get(b"c2lip_caption_fields")
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
         raise CorruptFileError(f"{files[0]}: not a readable Parquet file ({err})") from None
-    return json.loads(names) if names else None
+    if not names:
+        return None
+    try:
+        fields = json.loads(names)
+    except ValueError:
+        fields = None
+    if not isinstance(fields, list) or not fields or not all(isinstance(f, str) for f in fields):
+        raise CorruptFileError(f"{files[0]}: its c2lip_caption_fields metadata ({names[:80]!r}) is not the list of caption "
+                               "fields the concepts stage writes; run the concepts stage again to rewrite the phrases")
+    return fields
 
 
 def check_phrases_field(data) -> None:
@@ -100,6 +109,19 @@ def recaption_files(recaptions_dir: Path | None, fields: list[str]) -> tuple[lis
     files = sorted(Path(recaptions_dir).glob("*.parquet"))
     columns = [f for f in fields if files and f in read_parquet(files[0]).column_names and f not in ("key", "status")]
     return (files, columns) if columns else ([], [])
+
+
+def inputs_identity(params, shards: list[str]) -> dict:
+    """What a run is made from beyond its params, by content: the start weights, the shards (size and modification
+    time), and the text inputs read beside the shards — the noun phrases and, when a caption field is theirs, the
+    recaptions — so a rebuilt base, rewritten shards, new phrases (another extractor) or new captions (another
+    captioner) make another run, never a stale one resumed or reused (``params``: TrainParams; the train stage's
+    resume and the comparison's reuse of a finished run share it)."""
+    data = params.data
+    texts = sorted(Path(data.concepts_dir).glob("*.parquet")) if data.concepts_dir is not None else []
+    texts += recaption_files(data.recaptions_dir, [*data.caption_fields, *filter(None, [data.single_object_caption_field])])[0]
+    return {"init": weights_identity(params.model.init), "shards": shards_identity(shards),
+            "texts": fingerprint([p.name for p in texts], texts)}
 
 
 def load_recaptions(recaptions_dir: Path | None, fields: list[str]) -> dict[str, dict[str, str]]:

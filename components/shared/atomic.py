@@ -9,7 +9,7 @@ import json
 import os
 import re
 import shutil
-import tempfile
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from components.shared.params_base import ENTRY_NAME_PATTERN
+from components.shared.written import Ledger, named
+from components.shared.written import replace_folder as replace_folder  # re-exported: the one way a folder is replaced
 
 # errors that mean "this disk cannot take the file" (full, quota, read-only, not permitted), not a bug
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -121,17 +123,20 @@ def remove_inside(root: Path, name: str) -> None:
         resolved.unlink(missing_ok=True)
 
 
-def resume_or_restart(out_dir: Path, current: str, owned: list[str]) -> bool:
-    """Keep ``out_dir``'s finished work if it was made with the same fingerprint, else remove the
-    ``owned`` entries (only those: a user's directory may hold other things). Returns True when resuming."""
+def resume_or_restart(out_dir: Path, current: str, stage: str) -> bool:
+    """Keep ``out_dir``'s finished work if it was made with the same fingerprint, else remove the files ``stage``'s
+    record lists as its own, unchanged (only those: components.shared.written). Returns True when resuming."""
     out_dir = Path(out_dir)
-    for name in owned:  # every name checked before anything is removed
-        check_entry_name(name, f"{out_dir}: output entry")
     fp_path = out_dir / FINGERPRINT_FILE
-    same = fp_path.is_file() and json.loads(fp_path.read_text()).get("fingerprint") == current
+    try:
+        same = json.loads(fp_path.read_text()).get("fingerprint") == current
+    except (OSError, ValueError, AttributeError):
+        same = False
     if not same:
-        for name in owned:
-            remove_inside(out_dir, name)
+        removed, kept = Ledger(out_dir, stage).remove_files()
+        if kept:
+            print(f"{out_dir}: kept {len(kept)} file(s) changed since the {stage} stage wrote them: {named(kept, out_dir)}",
+                  file=sys.stderr)
     atomic_write_json(fp_path, {"fingerprint": current})
     return same
 
@@ -174,15 +179,28 @@ def weights_identity(init: str) -> list:
     return [init]
 
 
+SAMPLED_BYTES = 1 << 16  # of a shard's start and of its end, hashed into its identity
+
+
 def shards_identity(shards: list[str]) -> list:
-    """What a run's shards are, for its fingerprint: each local file by name, size and modification time (a shard
-    rewritten under the same name is another shard; hashing terabytes of shards at every start is not an option),
-    a URL by its name."""
+    """What a run's shards are, for its fingerprint: each local file by name, size, modification time and a SHA256 of
+    its first and last 64 KiB (a shard rewritten under the same name, even with its size and time put back, is another
+    shard; hashing terabytes of shards at every start is not an option, and a tar's headers sit at its start), a URL
+    by its name."""
     out = []
     for shard in shards:
         path = Path(shard)
-        stat = path.stat() if path.is_file() else None
-        out.append((shard, stat.st_size, stat.st_mtime_ns) if stat else (shard,))
+        if not path.is_file():
+            out.append((shard,))
+            continue
+        stat = path.stat()
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            digest.update(f.read(SAMPLED_BYTES))
+            if stat.st_size > SAMPLED_BYTES:
+                f.seek(max(SAMPLED_BYTES, stat.st_size - SAMPLED_BYTES))
+                digest.update(f.read(SAMPLED_BYTES))
+        out.append((shard, stat.st_size, stat.st_mtime_ns, digest.hexdigest()))
     return out
 
 
@@ -216,14 +234,3 @@ def read_parquet(path: Path, **kwargs) -> pa.Table:
         return pq.read_table(path, **kwargs)
     except (pa.ArrowInvalid, OSError) as err:
         raise CorruptFileError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0][:200]})") from None
-
-
-def replace_folder(build: Path, out: Path) -> None:
-    """Swap the finished folder ``build`` in as ``out`` (a sibling) by renames: the old ``out`` is first renamed onto a
-    fresh empty hidden sibling (rename(2) replaces an empty directory), then removed. A reader never sees half of
-    either; the old folder's hidden name holds ``c2lip-old`` so a killed swap's leftover is recognisably ours."""
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.c2lip-old-", dir=out.parent))
-    if out.exists():
-        out.rename(old)
-    build.rename(out)
-    shutil.rmtree(old)

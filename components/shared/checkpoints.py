@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import random
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,8 @@ import numpy as np
 import open_clip
 import torch
 
-from components.shared.atomic import CHECKSUMS_FILE, CorruptFileError, atomic_write_bytes, atomic_write_json, checksum_problem, remove_inside, write_checksums
+from components.shared.atomic import CHECKSUMS_FILE, CorruptFileError, atomic_write_bytes, atomic_write_json, checksum_problem, sha256_file, write_checksums
+from components.shared.written import Ledger, check_replaceable, files_under, named, replace_folder
 
 EXPORT_CONFIG = "open_clip_config.json"
 EXPORT_WEIGHTS = "open_clip_model.safetensors"
@@ -33,13 +36,50 @@ def latest_tag(ckpt_dir: Path) -> str | None:
     return latest.read_text().strip() if latest.is_file() else None
 
 
+CHECKPOINTS_STAGE = "train"  # its record in the checkpoints folder: .c2lip-train-outputs.json
+
+
+def checkpoints_record(ckpt_dir: Path) -> Ledger:
+    """What the train stage wrote in ``ckpt_dir``: each finished checkpoint's files with their SHA256 (from its
+    checksums), DeepSpeed's ``latest`` pointer, and the checkpoint folders it is still writing."""
+    return Ledger(ckpt_dir, CHECKPOINTS_STAGE)
+
+
+def record_checkpoint(ckpt_dir: Path, tag: str) -> None:
+    """A finished checkpoint on the record: its files by the checksums just written (not hashed twice), DeepSpeed's
+    ``latest`` pointer and conversion script beside it."""
+    sums = json.loads((ckpt_dir / tag / CHECKSUMS_FILE).read_text())
+    record = checkpoints_record(ckpt_dir)
+    record.add({f"{tag}/{k}": v for k, v in sums.items()} | {f"{tag}/{CHECKSUMS_FILE}": sha256_file(ckpt_dir / tag / CHECKSUMS_FILE)},
+               done=tag)
+    record.record(n for n in ("latest", "zero_to_fp32.py") if (ckpt_dir / n).is_file())
+
+
 def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
-    """Remove all but the newest ``keep`` step directories (never the one ``latest`` names)."""
+    """Remove all but the newest ``keep`` step directories (never the one ``latest`` names): only the files the
+    record lists unchanged; anything else in a pruned folder is kept and named."""
     current = latest_tag(ckpt_dir)
     tags = sorted(p.name for p in ckpt_dir.glob("step*") if p.is_dir())
+    record = checkpoints_record(ckpt_dir)
     for tag in tags[:-keep]:
         if tag != current:
-            remove_inside(ckpt_dir, tag)
+            _, kept = record.remove_files(under=tag)
+            if kept or (ckpt_dir / tag).exists():
+                left = kept or [f"{tag}/{f}" for f in files_under(ckpt_dir / tag)]
+                print(f"{ckpt_dir}: kept {len(left)} file(s) of pruned {tag} the train stage has no record of writing "
+                      f"unchanged: {named(left)}", file=sys.stderr)
+
+
+def remove_checkpoints(ckpt_dir: Path) -> None:
+    """A run that starts afresh: every checkpoint file the record lists unchanged, and the folders a killed save
+    left unfinished; anything else stays and is named."""
+    if not ckpt_dir.is_dir():
+        return
+    _, kept = checkpoints_record(ckpt_dir).remove_files()
+    left = sorted(set(kept) | {f for f in files_under(ckpt_dir) if not f.startswith(".c2lip-")})
+    if left:
+        print(f"{ckpt_dir}: kept {len(left)} file(s) the train stage has no record of writing unchanged: {named(left)}",
+              file=sys.stderr)
 
 
 def rng_state() -> dict[str, Any]:
@@ -68,6 +108,11 @@ def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, mai
     """DeepSpeed's checkpoint of step ``step``; each rank's RNG state (and rank 0's loss history) is
     written first, so the ``latest`` pointer DeepSpeed writes last never names an incomplete checkpoint."""
     tag = f"step{step:08d}"
+    if main:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        checkpoints_record(ckpt_dir).begin_folder(tag)  # an unfinished save is the stage's to remove
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
     (ckpt_dir / tag).mkdir(parents=True, exist_ok=True)
     if main and history is not None:
         atomic_write_json(ckpt_dir / tag / HISTORY_FILE, history)
@@ -79,6 +124,7 @@ def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, mai
         torch.distributed.barrier()  # every rank's files are on disk before rank 0 sums them
     if main:
         write_checksums(ckpt_dir / tag)  # last: a checkpoint without them is never resumed from
+        record_checkpoint(ckpt_dir, tag)
         prune_checkpoints(ckpt_dir, keep)
 
 
@@ -116,6 +162,13 @@ def check_export(folder: Path) -> Path:
         problem = checksum_problem(folder)
         if problem:
             raise CorruptFileError(problem)
+        listed = json.loads((folder / CHECKSUMS_FILE).read_text())
+        if unlisted := [name for name in (EXPORT_CONFIG, EXPORT_WEIGHTS) if name not in listed]:  # `{}` checks nothing
+            raise CorruptFileError(f"{folder / CHECKSUMS_FILE}: does not list {', '.join(unlisted)}; the export's files "
+                                   "cannot be checked (export it again)")
+    else:
+        print(f"{folder}: no {CHECKSUMS_FILE} (an export made elsewhere): its files cannot be checked against what "
+              "was written", file=sys.stderr)
     try:
         json.loads((folder / EXPORT_CONFIG).read_text())
         with safe_open(str(folder / EXPORT_WEIGHTS), framework="pt") as weights:
@@ -168,12 +221,22 @@ def export_model(model: torch.nn.Module, name: str, out_dir: Path, dtype: str = 
     open_clip knows. ``model_cfg``: the config the model was built from when it is not the named one (a Hugging
     Face text tower); ``tokenizer``: an open_clip HFTokenizer, saved into the folder, where ``local-dir:``
     loading looks for it."""
+    out_dir = Path(out_dir)
+    check_replaceable(out_dir, "export")  # before any work: only an export of ours (its checksums) is replaced
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.c2lip-build-", dir=out_dir.parent))
+    try:
+        _write_export(model, name, tmp, dtype, model_cfg, tokenizer)
+        replace_folder(tmp, out_dir, "export")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _write_export(model: torch.nn.Module, name: str, tmp: Path, dtype: str, model_cfg: dict | None, tokenizer) -> None:
     from safetensors.torch import save_file
 
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    remove_inside(out_dir.parent, tmp.name)  # a killed export's leftovers
-    tmp.mkdir(parents=True)
     model_cfg = dict(model_cfg or open_clip.get_model_config(name))
     if "hf_model_name" in model_cfg.get("text_cfg", {}):
         # the weights below hold the tower: a reload builds it from its config, never downloads weights
@@ -188,6 +251,3 @@ def export_model(model: torch.nn.Module, name: str, out_dir: Path, dtype: str = 
     state = {k: (v.to(cast) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(tmp / EXPORT_WEIGHTS), metadata={"architecture": name})
     write_checksums(tmp)  # last: an export without them was never finished
-    remove_inside(out_dir.parent, out_dir.name)
-    os.replace(tmp, out_dir)
-    return out_dir

@@ -24,7 +24,7 @@ class DeviceError(ValueError):
 
 def resolve_device(name: str = "auto") -> torch.device:
     """``auto``: the first GPU when torch sees one, else the CPU; ``cpu``; ``cuda`` / ``cuda:N`` (checked to exist)."""
-    if not re.match(DEVICE_PATTERN, name):
+    if not isinstance(name, str) or not re.fullmatch(DEVICE_PATTERN, name):  # fullmatch: "$" alone admits "cpu\n"
         raise DeviceError(f"device {name!r}: expected auto, cpu, cuda or cuda:N")
     if name == "auto":
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -11,11 +11,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from components.shared.atomic import CHECKSUMS_FILE, replace_folder
+from components.shared.atomic import CHECKSUMS_FILE
 from components.shared.checkpoints import EXPORT_CONFIG, check_export
 from components.shared.model_card import CARD_FILE, is_hub_id
+from components.shared.written import ForeignFilesError, Ledger, check_replaceable, place_of, replace_folder
 
-PUBLISH_MARKER = ".c2lip-publish"  # in every folder this writes: the one kind of folder it may replace
+PUBLISH_STAGE = "publish"  # its record (.c2lip-publish-outputs.json) in every folder this writes: never uploaded
 # What a published folder may hold, by name: open_clip's config and weights, a tokenizer's files, and the card (written
 # here). Anything else in an export folder (a `.env`, notes, our checksums) is never copied, and a link never followed.
 PUBLISHED_FILES = (EXPORT_CONFIG, "open_clip_model.safetensors", "open_clip_pytorch_model.bin", "tokenizer.json",
@@ -29,7 +30,8 @@ class PublishError(ValueError):
 
 def hub_folder(export: Path, card: str, out: Path) -> Path:
     """``out`` holding the export's files and ``card`` as README.md, written whole under a temporary name then renamed
-    into place. ``out`` must be new, empty, or a folder this wrote before: nothing of a user's is replaced."""
+    into place. ``out`` must be new, empty, or hold only what a publish recorded writing there (unchanged): nothing of
+    a user's is replaced."""
     export, out = Path(export), Path(out)
     if out.is_symlink():
         raise PublishError(f"{out}: a symbolic link; name a real folder (nothing was changed)")
@@ -38,9 +40,10 @@ def hub_folder(export: Path, card: str, out: Path) -> Path:
     if not (export / EXPORT_CONFIG).is_file():
         raise PublishError(f"{export}: no {EXPORT_CONFIG}; publish an export folder (the train stage's models/train/export)")
     check_export(export)  # checksums and a readable safetensors file, else the damaged file is named
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / PUBLISH_MARKER).is_file())):
-        raise PublishError(f"{out}: exists and was not written by a publish (no {PUBLISH_MARKER}); name a new or empty folder "
-                           "(nothing was changed)")
+    try:
+        check_replaceable(out, "publish")
+    except ForeignFilesError as err:
+        raise PublishError(str(err)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=f".{out.name}.c2lip-build-", dir=out.parent))
     try:
@@ -54,8 +57,8 @@ def hub_folder(export: Path, card: str, out: Path) -> Path:
         if left_out:
             print(f"publish: not copied from {export} (not a model file): {', '.join(left_out)}", file=sys.stderr)
         (build / CARD_FILE).write_text(card)
-        (build / PUBLISH_MARKER).write_text("written by `python -m components.register --publish`; it replaces this folder whole\n")
-        replace_folder(build, out)
+        Ledger(build, PUBLISH_STAGE, place=place_of(out)).record(p.name for p in build.iterdir())
+        replace_folder(build, out, "publish")
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)
         raise
@@ -73,7 +76,7 @@ def upload(folder: Path, repo_id: str, private: bool = True, api=None) -> str:
         api = HfApi()
     try:
         api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-        commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", ignore_patterns=[PUBLISH_MARKER],
+        commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", ignore_patterns=[".c2lip-*"],
                                    commit_message="Upload a c2lip model (open_clip export and model card)")
     except Exception as err:  # offline, no token, no rights: one line naming the repository
         raise PublishError(f"--repo-id {repo_id}: the upload failed: {str(err).splitlines()[0][:300] if str(err) else type(err).__name__}") from None

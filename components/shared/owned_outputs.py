@@ -2,7 +2,8 @@
 comparisons' reports and whatever a user keeps there): the stage owns only the entries it wrote, and replaces or
 removes only those.
 
-Its manifest (``.c2lip-<stage>-outputs.json`` in the folder) lists every file it wrote. A file inside one of its
+Its manifest (``.c2lip-<stage>-outputs.json`` in the folder, the stage's ledger: components.shared.written) lists every
+file it wrote with its SHA256 and the folder's place. A file inside one of its
 own folders (``items/``, ``gallery/``, ...) that the manifest does not list — a user's notes, a page of another
 tool — makes the stage refuse before any work, naming the file: nothing of a user's is ever deleted. A new output
 set is built in a temporary folder of the stage's own (a unique name holding a marker, never a guessable sibling)
@@ -11,7 +12,6 @@ and leaves the old outputs as they were."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -19,14 +19,11 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from components.shared.atomic import atomic_write_json, check_entry_name
+from components.shared.atomic import check_entry_name
+from components.shared.written import ForeignFilesError, Ledger, sha256_of
 
 BUILD_MARKER = ".c2lip-build"  # inside every temporary build folder: the one kind of hidden folder the stage may remove
 FOREIGN_SHOWN = 5
-
-
-class ForeignFilesError(ValueError):
-    """An output folder holds files the stage did not write; it names them and changes nothing."""
 
 
 def _files_under(folder: Path, root: Path) -> Iterator[str]:
@@ -45,27 +42,35 @@ class OwnedOutputs:
         self.root, self.stage = Path(root), check_entry_name(stage, "stage")
         self.folders = [check_entry_name(f, f"{stage}: owned folder") for f in folders]
         self.files = [check_entry_name(f, f"{stage}: owned file") for f in files]
-        self.manifest_path = self.root / f".c2lip-{stage}-outputs.json"
+        self.ledger = Ledger(self.root, stage)
+        self.manifest_path = self.ledger.path
 
-    def written_before(self) -> set[str]:
-        """The files the last run listed (empty when there is no readable manifest)."""
-        try:
-            listed = json.loads(self.manifest_path.read_text()).get("files", [])
-        except (OSError, ValueError, AttributeError):
-            return set()
-        return {f for f in listed if isinstance(f, str)}
+    def written_before(self) -> dict[str, str | None]:
+        """The files the last run recorded: path → SHA256 (None for an older version's record, names only)."""
+        return {**dict.fromkeys(self.ledger.legacy_names()), **self.ledger.files()}
+
+    def _ours(self, rel: str, written: dict[str, str | None]) -> bool:
+        path = self.root / rel
+        if rel not in written or path.is_symlink():
+            return False
+        return written[rel] is None or sha256_of(path) == written[rel]
 
     def foreign_files(self, expected: Iterable[str] = ()) -> list[str]:
-        """Files inside the owned folders that neither the manifest lists nor this run writes under the same name
-        (``expected``: an older version's outputs, the committed example report)."""
-        ours = self.written_before() | set(expected)
+        """Files inside the owned folders, and owned top-level files, that the record does not list with their
+        content; inside the folders, a file an older version wrote under a name this run writes (``expected``) counts
+        as the stage's."""
+        written, expected = self.written_before(), set(expected)
         foreign = []
         for folder in self.folders:
             path = self.root / folder
             if path.is_symlink() or (path.exists() and not path.is_dir()):
                 foreign.append(folder)
             elif path.is_dir():
-                foreign += [f for f in _files_under(path, self.root) if f not in ours]
+                foreign += [f for f in _files_under(path, self.root) if f not in expected and not self._ours(f, written)]
+        for file in self.files:
+            path = self.root / file
+            if (path.exists() or path.is_symlink()) and not self._ours(file, written):
+                foreign.append(file)
         return sorted(foreign)
 
     def check(self, expected: Iterable[str] = ()) -> None:
@@ -78,19 +83,13 @@ class OwnedOutputs:
             why = (f" (its list of what it wrote, {self.manifest_path}, is {unreadable}: if these are the stage's own, "
                    "remove them or that file)") if unreadable else ""
             raise ForeignFilesError(
-                f"{self.root}: {len(foreign)} file(s) in the {self.stage} stage's own folders ({', '.join(self.folders)}) were not "
-                f"written by it{why}: {shown}{more}. Those folders are replaced as a whole, so move the files elsewhere or name "
-                "another output folder; nothing was changed")
+                f"{self.root}: {len(foreign)} file(s) among the {self.stage} stage's outputs ({', '.join(self.folders + self.files)}) "
+                f"were not written by it or changed since{why}: {shown}{more}. Those are replaced as a whole, so move the "
+                "files elsewhere or name another output folder; nothing was changed")
 
     def manifest_problem(self) -> str | None:
         """Why the manifest cannot say what the stage wrote (None: readable, or absent because nothing was written)."""
-        if not self.manifest_path.exists():
-            return None
-        try:
-            listed = json.loads(self.manifest_path.read_text())
-        except (OSError, ValueError) as err:
-            return f"unreadable ({type(err).__name__})"
-        return None if isinstance(listed, dict) and isinstance(listed.get("files", []), list) else "not the list this stage writes"
+        return self.ledger.problem()
 
     def _remove_stale_builds(self) -> None:
         """Temporary folders a killed run left: only hidden folders of this stage's prefix that hold the marker."""
@@ -115,11 +114,12 @@ class OwnedOutputs:
 
     def swap_in(self, build: Path, expected: Iterable[str] = ()) -> list[str]:
         """Move the built outputs into place: each owned folder as a whole (the old one, all ours, removed), each
-        top-level file by an atomic rename; the manifest lists the new files at the end. Returns them."""
+        top-level file by an atomic rename; the record lists the new files at the end. Returns them."""
         new = sorted(f for f in _files_under(build, build) if f != BUILD_MARKER and f.split("/")[0] in self.folders + self.files)
-        self.check(set(expected) | set(new))  # again, just before: a file a user put there during the run is kept
-        # while the renames run the manifest names old and new, so a kill halfway leaves nothing unowned
-        atomic_write_json(self.manifest_path, {"stage": self.stage, "files": sorted(self.written_before() | set(new))})
+        self.check(set(expected))  # again, just before: a file a user put there during the run is kept
+        hashes = {f: sha256_of(build / f) for f in new}
+        # while the renames run the record names old and new, so a kill halfway leaves nothing unowned
+        self.ledger.write({**{k: v for k, v in self.ledger.files().items()}, **hashes})
         for folder in self.folders:
             target, made = self.root / folder, build / folder
             if target.exists():
@@ -129,7 +129,7 @@ class OwnedOutputs:
         for file in self.files:
             if (build / file).exists():
                 os.replace(build / file, self.root / file)
-        atomic_write_json(self.manifest_path, {"stage": self.stage, "files": new})
+        self.ledger.write(hashes)
         shutil.rmtree(build, ignore_errors=True)
         return new
 

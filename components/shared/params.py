@@ -120,7 +120,10 @@ def _read_one(path: Path | str) -> Any:
     except UnicodeDecodeError as err:
         raise ParamsError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except yaml.YAMLError as err:
-        raise ParamsError(f"{path}: not valid YAML: {err}") from None
+        # the problem and where, never the file's text: a line of a file named by mistake may hold a secret
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ParamsError(f"{path}: not valid YAML: {getattr(err, 'problem', None) or type(err).__name__}{where}") from None
     if data is None:
         raise ParamsError(f"{path}: no params in the file (empty or only comments); write `{{}}` to run on every default")
     return data
@@ -143,6 +146,12 @@ def extends_chain(path: Path | str) -> list[Path]:
             raise ParamsError(f"{chain[-1]}: {EXTENDS}: {parent!r} closes a cycle ({cycle})")
         if not parent_path.is_file():
             raise ParamsError(f"{chain[-1]}: {EXTENDS}: {parent!r} not found ({parent_path}; the path is relative to the file's folder)")
+        # a params file extends another params file: YAML, in the workspace or beside the file it starts from
+        # (never /proc/self/environ or another file of the machine's)
+        inside = any(parent_path.resolve().is_relative_to(r.resolve()) for r in (ROOT, chain[0].parent))
+        if parent_path.suffix not in (".yaml", ".yml") or not inside:
+            raise ParamsError(f"{chain[-1]}: {EXTENDS}: {parent!r} is not a params file (.yaml) in the workspace or beside "
+                              f"{chain[0].name}; nothing else is read")
         chain.append(parent_path)
 
 

@@ -22,6 +22,22 @@ import mlflow.pyfunc
 from components.shared.devices import place_model, to_model
 
 EXPORT_ARTIFACT = "open_clip"  # the artifact key (and folder name) of the export inside the model
+# What one call may ask of a served model, so that a request cannot exhaust the serving host (10,000 texts took 3.9 GB,
+# a 79 kB PNG can decode to 81 M pixels): rows per call and pixels per image, each refused beyond its bound with a
+# message. The serving host sets others by these variables; rows are embedded BATCH_ROWS at a time.
+MAX_ROWS_ENV, MAX_ROWS = "C2LIP_PYFUNC_MAX_ROWS", 1024
+MAX_PIXELS_ENV, MAX_PIXELS = "C2LIP_PYFUNC_MAX_PIXELS", 25_000_000
+BATCH_ROWS = 64
+
+
+def limit(env: str, default: int) -> int:
+    """A positive whole-number bound from the environment, else ``default``; a bad value is named."""
+    raw = os.environ.get(env)
+    if raw is None or raw == "":
+        return default
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ValueError(f"{env}={raw!r}: not a positive whole number")
+    return int(raw)
 
 
 class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
@@ -31,9 +47,10 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
         import open_clip
 
         import components.shared.architectures  # noqa: F401  registers our tiny configs with open_clip (and timm)
-        from components.shared.checkpoints import refuse_export_code
+        from components.shared.checkpoints import check_export, refuse_export_code
 
         folder = context.artifacts[EXPORT_ARTIFACT]
+        check_export(folder)  # its checksums: changed weights are named, never served
         refuse_export_code(folder, "registered model")  # a text tower with its own code never runs on a "y"
         self.model, _, self.preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")
         # served from the GPU when the serving host has one (C2LIP_PYFUNC_DEVICE=cpu keeps it on the CPU)
@@ -50,22 +67,38 @@ class OpenClipEmbedder(mlflow.pyfunc.PythonModel):
         if len(given) > 1:
             raise ValueError("input has both a 'text' and an 'image' column: give one of them per call (each row is embedded "
                              "as a text or as an image)")
+        if not given:
+            raise ValueError(f"input needs a 'text' or an 'image' column, got {columns}")
+        rows, max_rows = len(model_input), limit(MAX_ROWS_ENV, MAX_ROWS)
+        if rows > max_rows:
+            raise ValueError(f"{rows} rows in one call; a call embeds at most {max_rows} ({MAX_ROWS_ENV}): split the input")
+        values = list(model_input[given[0]])
+        if given == ["text"]:
+            if (bad := next((k for k, t in enumerate(values) if not isinstance(t, str)), None)) is not None:
+                raise ValueError(f"text row {bad}: {type(values[bad]).__name__}, not a string (every row of a call "
+                                 "is embedded; give a text in each)")
+        else:
+            root, max_pixels = image_root(), limit(MAX_PIXELS_ENV, MAX_PIXELS)
+            opened = [image_source(value, k, root) for k, value in enumerate(values)]  # every row checked before any decode
+            for k, source in enumerate(opened):
+                with Image.open(source) as image:  # reads the header only: the size is known before the pixels are
+                    width, height = image.size
+                if width * height > max_pixels:
+                    raise ValueError(f"image row {k}: {width}×{height} pixels; an image may have at most {max_pixels:,} "
+                                     f"({MAX_PIXELS_ENV}): resize it first")
+                if isinstance(source, io.BytesIO):
+                    source.seek(0)
+            values = opened
+        features = []
         with torch.no_grad():
-            if "text" in given:
-                texts = list(model_input["text"])
-                if bad := next((k for k, t in enumerate(texts) if not isinstance(t, str)), None):
-                    raise ValueError(f"text row {bad}: {type(texts[bad]).__name__}, not a string (every row of a call "
-                                     "is embedded; give a text in each)")
-                tokens = self.tokenizer(texts)
-                features = self.model.encode_text(to_model(tokens, self.model), normalize=True)
-            elif "image" in given:
-                root = image_root()
-                images = [self.preprocess(Image.open(image_source(value, k, root)).convert("RGB"))
-                          for k, value in enumerate(model_input["image"])]
-                features = self.model.encode_image(to_model(torch.stack(images), self.model), normalize=True)
-            else:
-                raise ValueError(f"input needs a 'text' or an 'image' column, got {columns}")
-        return np.asarray(features.float().cpu().numpy())
+            for start in range(0, rows, BATCH_ROWS):
+                batch = values[start:start + BATCH_ROWS]
+                if given == ["text"]:
+                    features.append(self.model.encode_text(to_model(self.tokenizer(batch), self.model), normalize=True))
+                else:
+                    images = torch.stack([self.preprocess(Image.open(source).convert("RGB")) for source in batch])
+                    features.append(self.model.encode_image(to_model(images, self.model), normalize=True))
+        return np.asarray(torch.cat(features).float().cpu().numpy())
 
 
 IMAGE_ROOT_ENV = "C2LIP_IMAGE_ROOT"  # the one folder whose images a served model reads by path

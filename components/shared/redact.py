@@ -13,9 +13,14 @@ import re
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s'\"<>]*@")
 # the query of an http(s) URL: signatures, tokens and keys live there
 _QUERY = re.compile(r"(?P<url>\bhttps?://[^\s?#'\"]+)\?[^\s#'\"]*")
-# key=value secrets anywhere: a DSN's "password=…", another scheme's "?password=…", "token=…", "api_key=…"
-_KEY_VALUE = re.compile(r"(?i)(?P<key>\b(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|sig|signature)\s*[=:]\s*)"
-                        r"(?P<value>[^\s&;,'\"]+)")
+# key=value secrets anywhere: a DSN's "password=…", another scheme's "?password=…", "token=…", "api_key=…", a variable
+# such as MLFLOW_TRACKING_PASSWORD= or PREFECT_API_AUTH_STRING=, a JSON or repr pair ("password": "…", 'token': '…'),
+# a quoted value with spaces, a value holding ";"
+_KEY_VALUE = re.compile(r"(?i)(?P<key>(?<![A-Za-z0-9])[A-Za-z0-9_]*?(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key"
+                        r"|auth[_-]?string|sig|signature)[\"']?\s*[=:]\s*)"
+                        r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s&,'\"]+)")
+# a Hugging Face token on its own
+_HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{20,}")
 # "Authorization: Bearer …", "Basic …", "token …" credentials in a header or a message
 _AUTH = re.compile(r"(?i)\b(?P<kind>bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 
@@ -26,6 +31,7 @@ def redact(text: str) -> str:
     text = _USERINFO.sub(lambda m: f"{m.group('scheme')}***@", str(text))
     text = _QUERY.sub(lambda m: f"{m.group('url')}?<redacted>", text)
     text = _KEY_VALUE.sub(lambda m: f"{m.group('key')}<redacted>", text)
+    text = _HF_TOKEN.sub("hf_<redacted>", text)
     return _AUTH.sub(lambda m: f"{m.group('kind')} <redacted>", text)
 
 

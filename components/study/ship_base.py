@@ -20,10 +20,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from components.shared.atomic import CorruptFileError, atomic_write_bytes, replace_folder, write_checksums
+from components.shared.atomic import CorruptFileError, atomic_write_bytes, write_checksums
 from components.shared.checkpoints import EXPORT_CONFIG, EXPORT_WEIGHTS, check_export
 from components.shared.model_card import CARD_FILE, SUITE_FIGURES, card_facts, model_card
 from components.shared.params import ParamsError, load_params
+from components.shared.written import ForeignFilesError, check_replaceable, replace_folder
 
 
 def build_files(build: Path) -> tuple[Path, Path, Path, Path]:
@@ -48,6 +49,7 @@ def read_json(path: Path) -> dict:
 
 def ship(build: Path, to: Path, name: str = "c2lip calibrated base") -> dict[str, float]:
     """Copy ``build``'s export into ``to`` with its card; returns the suite figures the card gives."""
+    check_replaceable(Path(to), "ship_base --to")  # before any work: only an export of ours is replaced
     params_path, export, train_path, done_path = build_files(Path(build))
     check_export(export)  # a damaged build is named here, never shipped
     train = load_params("train", params_path)
@@ -66,7 +68,7 @@ def ship(build: Path, to: Path, name: str = "c2lip calibrated base") -> dict[str
         atomic_write_bytes(staging / CARD_FILE, card.encode())
         write_checksums(staging)
         check_export(staging)
-        replace_folder(staging, to)
+        replace_folder(staging, to, "ship_base --to")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -76,12 +78,13 @@ def ship(build: Path, to: Path, name: str = "c2lip calibrated base") -> dict[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", type=Path, required=True, help="a finished comparison run: <output_dir>/<arm>/seed<N>")
-    parser.add_argument("--to", type=Path, required=True, help="the export folder to write (replaced whole)")
+    parser.add_argument("--to", type=Path, required=True, help="the export folder to write: new, empty, or an export of "
+                        "c2lip's (every file its _checksums.json lists, unchanged), which is replaced whole")
     parser.add_argument("--name", default="c2lip calibrated base", help="the model's name on its card")
     args = parser.parse_args(argv)
     try:
         suite = ship(args.build, args.to, args.name)
-    except (FileNotFoundError, CorruptFileError, ParamsError) as err:
+    except (FileNotFoundError, CorruptFileError, ParamsError, ForeignFilesError) as err:
         print(f"ship_base: {err}", file=sys.stderr)
         return 1
     figures = ", ".join(f"{SUITE_FIGURES[k]} {v:.3f}" for k, v in suite.items() if k in ("sugarcrepe/swap_att/acc", "zero_shot/top1"))

@@ -17,7 +17,7 @@ from components.shared.atomic import CorruptFileError
 from components.shared.checkpoints import EXPORT_CONFIG, check_export, refuse_export_code  # what our exports (and MLflow-registered models) hold
 from components.shared.devices import place_model
 from components.shared.params import EvalModelSpec
-from components.shared.redact import redact
+from components.shared.redact import one_line, redact
 from components.shared.safe_load import RemoteCodeRefused, load_torch_file
 from components.suite.loading import SuiteError
 
@@ -25,6 +25,37 @@ from components.suite.loading import SuiteError
 def _find_export(root: Path) -> Path | None:
     hits = sorted(root.rglob(EXPORT_CONFIG))
     return hits[0].parent if hits else None
+
+
+NO_ALIAS_HINT = (": no such alias or model yet; a run registers its version as `challenger`, promote it first (the "
+                 "c2lip/promote deployment, or `python -m components.register --promote challenger`)")
+
+
+def model_found(spec: EvalModelSpec) -> None:
+    """A cheap look before any work: a registered model's alias or version exists in the registry, a local folder or
+    file exists (nothing is downloaded or loaded). Raises SuiteError naming the model and what is missing."""
+    if spec.pretrained is not None or spec.uri.startswith("runs:/"):
+        return  # an open_clip tag, a run's artifact: found when they are loaded
+    if not spec.uri.startswith("models:/"):
+        if not Path(spec.uri).exists():
+            raise SuiteError(f"model {spec.name!r}: {spec.uri} is neither a folder, a file nor a models:/ URI (not found)")
+        return
+    from mlflow import MlflowClient
+
+    from components.shared.tracking import default_tracking_uri
+
+    ref = spec.uri[len("models:/"):]
+    client = MlflowClient(tracking_uri=default_tracking_uri())
+    try:
+        if "@" in ref:
+            client.get_model_version_by_alias(*ref.split("@", 1))
+        elif "/" in ref and ref.split("/", 1)[1].isdigit():
+            client.get_model_version(*ref.split("/", 1))
+        else:
+            return  # a stage name or "latest": MLflow resolves it on download
+    except Exception as err:  # MLflow raises several types for an unknown name, alias or version
+        hint = NO_ALIAS_HINT if "@" in ref else ": no such registered model or version"
+        raise SuiteError(redact(f"model {spec.name!r}: {spec.uri}{hint} ({default_tracking_uri()}: {one_line(err)})")) from None
 
 
 def resolve_model(spec: EvalModelSpec, download_dir: Path) -> tuple[str, Any]:
@@ -46,8 +77,7 @@ def resolve_model(spec: EvalModelSpec, download_dir: Path) -> tuple[str, Any]:
             hint = ""
             said = str(err)
             if "@" in uri and any(w in said for w in ("not found", "does not exist", "RESOURCE_DOES_NOT_EXIST")):  # champion, say
-                hint = (": no such alias or model yet; a run registers its version as `challenger`, promote it first (the "
-                        "c2lip/promote deployment, or `python -m components.register --promote challenger`)")
+                hint = NO_ALIAS_HINT
             # the hint first: a one-line summary of this error (a failed flow run's state name) keeps its beginning
             raise SuiteError(redact(f"model {spec.name!r}: cannot download {uri}{hint} ({default_tracking_uri()}: {err})")) from None
         export = _find_export(local)

@@ -11,12 +11,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
 
-from components.shared.atomic import CorruptFileError, atomic_write_json, checksum_problem, remove_inside, write_checksums
+from components.shared.atomic import CHECKSUMS_FILE, CorruptFileError, atomic_write_json, checksum_problem, sha256_file, write_checksums
+from components.shared.written import Ledger
 from components.suite import items
 
 CACHE_COMPLETE = "complete.json"
@@ -59,25 +64,61 @@ def problem(folder: Path, model: str, fingerprint: str, tasks: list) -> tuple[st
     return None, tables
 
 
+@contextmanager
+def taking_turns(cache_dir: Path, name: str) -> Iterator[None]:
+    """An OS lock on ``cache_dir/.<name>.lock`` for the block, waiting for another holder (released on any exit)."""
+    import fcntl
+
+    with open(Path(cache_dir) / f".{name}.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def set_aside(folder: Path, why: str) -> Path:
+    """An unusable entry is renamed to a hidden unique name beside it, never deleted: what it holds may not all be the
+    cache's (components.shared.written); the message names where it went."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.unusable-", dir=folder.parent))
+    folder.rename(aside / folder.name)
+    print(f"evaluate: {folder}: {why}; set aside as {aside / folder.name} (remove it once you have looked)", file=sys.stderr)
+    return aside
+
+
 def read(cache_dir: Path, model: str, fingerprint: str, tasks: list) -> dict[str, pa.Table] | None:
-    """The cached tables, or None (nothing cached; or an unusable entry, which is said and removed)."""
+    """The cached tables, or None (nothing cached; or an unusable entry, which is said and set aside)."""
     folder = folder_of(cache_dir, model, fingerprint)
     if not folder.is_dir():
         return None
-    why, tables = problem(folder, model, fingerprint, tasks)
-    if why is None:
-        print(f"evaluate: {model}: per-item results of the same weights and suite found in {folder}", file=sys.stderr)
-        return tables
-    print(f"evaluate: {model}: cached results unusable ({why}); evaluating again", file=sys.stderr)
-    remove_inside(cache_dir, folder.name)
+    with taking_turns(cache_dir, folder.name):
+        if not folder.is_dir():
+            return None
+        why, tables = problem(folder, model, fingerprint, tasks)
+        if why is None:
+            print(f"evaluate: {model}: per-item results of the same weights and suite found in {folder}", file=sys.stderr)
+            return tables
+        set_aside(folder, f"cached results unusable ({why}); evaluating again")
     return None
 
 
-def write(cache_dir: Path, model: str, fingerprint: str, tables: dict[str, pa.Table]) -> None:
-    """The tables, then ``complete.json``, then the checksums of both, last: a folder killed halfway is never trusted."""
+def write(cache_dir: Path, model: str, fingerprint: str, tables: dict[str, pa.Table], tasks: list | None = None) -> None:
+    """The tables, then ``complete.json``, then the checksums of both, last, in a fresh folder of its own moved into place
+    whole: a folder killed halfway is never trusted. Two evaluations of one model at once (into different reports)
+    take turns on the entry (a lock per entry); the second keeps the first's entry when it is whole."""
     folder = folder_of(cache_dir, model, fingerprint)
-    if folder.exists():  # an unfinished entry of a killed run
-        remove_inside(cache_dir, folder.name)
-    items.write_tables(folder, tables)
-    atomic_write_json(folder / CACHE_COMPLETE, {"model": model, "fingerprint": fingerprint, "tasks": list(tables)})
-    write_checksums(folder)
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f".{folder.name}.c2lip-build-", dir=cache_dir))
+    try:
+        items.write_tables(build, tables)
+        atomic_write_json(build / CACHE_COMPLETE, {"model": model, "fingerprint": fingerprint, "tasks": list(tables)})
+        write_checksums(build)
+        with taking_turns(cache_dir, folder.name):
+            if folder.is_dir() and tasks is not None and problem(folder, model, fingerprint, tasks)[0] is None:
+                return  # another evaluation wrote the same results first
+            if folder.exists() or folder.is_symlink():
+                set_aside(folder, "an unfinished or unusable entry")
+            build.rename(folder)
+        sums = json.loads((folder / CHECKSUMS_FILE).read_text())
+        with taking_turns(cache_dir, "c2lip-record"):  # the cache's record of what it wrote (clean-data reads it)
+            Ledger(cache_dir, "evaluate").add({f"{folder.name}/{k}": v for k, v in sums.items()} |
+                                              {f"{folder.name}/{CHECKSUMS_FILE}": sha256_file(folder / CHECKSUMS_FILE)})
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
