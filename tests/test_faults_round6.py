@@ -660,3 +660,44 @@ def test_the_reports_server_with_a_relative_folder_follows_no_link_and_survives_
         assert status("/bench%00marks.md") == 404 and status("/benchmarks.md") == 200
     finally:
         server.shutdown()
+
+
+def test_two_evaluations_of_one_model_share_its_cache_entry_without_a_crash(tmp_path, monkeypatch):
+    """MED: two evaluations of one model into different folders wrote the same results-cache entry at once; one
+    crashed (`OSError: Directory not empty`). Now each builds its own folder and they take turns moving it in; an
+    unusable entry is set aside under a hidden name, never deleted."""
+    import threading
+
+    import pyarrow as pa
+
+    from components.suite import results_cache
+
+    tables = {"winoground": pa.table({"item": [0, 1], "correct": [True, False]})}
+    go = threading.Barrier(2)
+    errors = []
+
+    def evaluation():
+        try:
+            go.wait()
+            results_cache.write(tmp_path, "m", "fp", tables)
+        except Exception as err:  # noqa: BLE001 - the test names any
+            errors.append(err)
+
+    threads = [threading.Thread(target=evaluation) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    entry = results_cache.folder_of(tmp_path, "m", "fp")
+    assert (entry / "complete.json").is_file() and not list(tmp_path.glob(".m-fp.c2lip-build-*"))
+    assert f"m-fp/{'complete.json'}" in Ledger(tmp_path, "evaluate").files()  # on the cache's record (clean-data)
+    monkeypatch.setattr(results_cache, "problem", lambda *a: (None, {}))  # a whole entry: the later writer keeps it
+    before = (entry / "_checksums.json").read_bytes()
+    results_cache.write(tmp_path, "m", "fp", tables, tasks=[])
+    assert (entry / "_checksums.json").read_bytes() == before
+    monkeypatch.setattr(results_cache, "problem", lambda *a: ("complete.json: changed", {}))
+    (entry / "notes.txt").write_text("mine")
+    assert results_cache.read(tmp_path, "m", "fp", []) is None
+    aside = list(tmp_path.glob(".m-fp.unusable-*/m-fp/notes.txt"))
+    assert len(aside) == 1 and aside[0].read_text() == "mine" and not entry.exists()

@@ -1,6 +1,5 @@
 """The two README commands' machinery: the Makefile's install stamp, and `dvc repro` of dvc.yaml."""
 
-import json
 import os
 import shutil
 import subprocess
