@@ -27,6 +27,7 @@ from components.shared.params import deep_merge, read_yaml, validate_params
 from components.shared.params_base import OVERRIDES_JOURNAL
 from components.shared.params_base import RUN_LOCK as LOCK_NAME
 from components.shared.processes import mark_run, reap
+from components.shared.written import lock_or_holder
 
 
 class WorkspaceBusy(RuntimeError):
@@ -42,21 +43,16 @@ def workspace_lock(root: Path, owner: str, wait_s: float = 0.0, poll_s: float = 
     carrying the run id of a root process that is gone, :mod:`components.shared.processes`) are ended, and
     params files a killed run left overridden are put back."""
     path = Path(root) / LOCK_NAME
-    handle = open(path, "a+")
     deadline = time.monotonic() + wait_s
     while True:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        handle, holder = lock_or_holder(path)
+        if handle is not None:
             break
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                handle.seek(0)
-                holder = handle.read().strip() or "unknown"
-                handle.close()
-                raise WorkspaceBusy(f"another c2lip run holds the workspace {root} ({holder}); it was not changed. "
-                                    "Wait for that run, or queue behind it: `make run WAIT=<seconds>` (`make compare "
-                                    "WAIT=…`), a deployment's wait_for_workspace_s.") from None
-            time.sleep(poll_s)
+        if time.monotonic() >= deadline:
+            raise WorkspaceBusy(f"another c2lip run holds the workspace {root} ({holder}); it was not changed. "
+                                "Wait for that run, or queue behind it: `make run WAIT=<seconds>` (`make compare "
+                                "WAIT=…`), a deployment's wait_for_workspace_s.")
+        time.sleep(poll_s)
     try:
         reap_killed_runs()  # their root process is gone, so no live run owns them (in any workspace)
         restored = restore_interrupted_overrides(root)  # the lock is ours: a journal left is a dead run's
@@ -80,14 +76,10 @@ def holder_if_busy(root: Path) -> str | None:
     path = Path(root) / LOCK_NAME
     if not path.exists():
         return None
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            return handle.read().strip() or "unknown"
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    return None
+    handle, holder = lock_or_holder(path)
+    if handle is not None:
+        handle.close()  # free: let go at once
+    return holder
 
 
 def resolve_overrides(root: Path, overrides: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -14,7 +14,6 @@ only the standard library: it runs before the project's environment exists (`mak
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from components.shared.written import files_under, ledgers_in, named, remove_recorded  # noqa: E402
+from components.shared.written import files_under, ledgers_in, lock_or_holder, named, remove_recorded  # noqa: E402
 
 # the stages' working folders under data/ (the captions, recaption, concepts and benchmarks stages' outputs, the
 # evaluate stage's cache); tests/test_pipeline.py checks this covers every dvc.yaml output under data/
@@ -86,13 +85,8 @@ def clean(root: Path) -> tuple[list[str], list[str]]:
 
 def hold_workspace(root: Path):
     """The workspace's run lock (the one every run takes, flows/workspace.py), or CleanError naming its holder."""
-    handle = open(root / RUN_LOCK, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
+    handle, holder = lock_or_holder(root / RUN_LOCK)
+    if handle is None:
         raise CleanError(f"another c2lip run holds the workspace {root} ({holder}); nothing was removed. "
                          "Run clean-data when it has ended") from None
     return handle

@@ -27,7 +27,7 @@ from components import concepts
 from components.captions import run as run_captions
 from components.data.download import refused_address
 from components.shared import processes
-from components.shared.atomic import CorruptFileError, remove_inside, resume_or_restart, write_checksums
+from components.shared.atomic import CorruptFileError, resume_or_restart, write_checksums
 from components.shared.checkpoints import EXPORT_WEIGHTS, check_export, intact_checkpoint, rng_state, set_rng_state
 from components.shared.params import CaptionsParams, ConceptsParams, DownloadParams, ParamsError, load_params, read_yaml
 from components.shared.redact import redact
@@ -114,8 +114,6 @@ def test_split_names_that_are_paths_are_refused_before_any_work(tmp_path, name):
     out.mkdir()
     with pytest.raises(ValueError, match="not a plain stage name"):
         resume_or_restart(out, "fingerprint", name or "x/y")
-    with pytest.raises(ValueError):
-        remove_inside(out, name)
     assert (victim / "keep.txt").read_text() == "mine" and out.is_dir()
 
 
@@ -125,15 +123,22 @@ def _validate_concepts(data):
     return validate_params("concepts", data)
 
 
-def test_remove_inside_does_not_follow_a_symlink_out(tmp_path):
+def test_a_record_never_removes_through_a_link_or_outside_its_folder(tmp_path):
+    import json
+
+    from components.shared.written import Ledger, place_of, sha256_of
+
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("mine")
     out = tmp_path / "out"
     out.mkdir()
     (out / "train").symlink_to(victim)
-    remove_inside(out, "train")  # the link goes, not what it points to
-    assert not (out / "train").exists() and (victim / "keep.txt").read_text() == "mine"
+    digest = sha256_of(victim / "keep.txt")
+    (out / ".c2lip-concepts-outputs.json").write_text(json.dumps({"stage": "concepts", "place": place_of(out), "files": {
+        "train/keep.txt": digest, "../victim/keep.txt": digest, "train": digest}}))
+    removed, kept = Ledger(out, "concepts").remove_files()
+    assert removed == [] and (victim / "keep.txt").read_text() == "mine" and (out / "train").is_symlink()
 
 
 def test_a_manifest_shard_that_is_a_path_is_refused(tmp_path):

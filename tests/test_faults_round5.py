@@ -14,10 +14,9 @@ from conftest import HANG_S, REPO
 from test_neighbours import _solid_shard
 
 from components.data import neighbours as nb
-from components.shared.atomic import CorruptFileError, checksum_problem, fingerprint, weights_identity, write_checksums
+from components.shared.atomic import CorruptFileError, checksum_problem, weights_identity, write_checksums
 from components.shared.checkpoints import check_export
 from components.shared.params import ParamsError, validate_params
-from components.shared.stage_code import stage_code
 
 
 def _train_params(tmp_path, init: str, shards: list[str], **method) -> object:
@@ -541,8 +540,9 @@ def test_a_comparison_trains_its_runs_again_when_the_base_they_started_from_is_r
     weights.write_bytes(weights.read_bytes()[:-1] + bytes([weights.read_bytes()[-1] ^ 1]))
     write_checksums(base)
     assert compare.run_fingerprint(run, suite) != first
-    # a run from scratch has no start weights to read: its record stays what it was (its params and the suite), so
-    # builds finished before start weights counted are not trained again
+    # a run from scratch has no start weights to read; what it is made from still counts: a rewritten shard trains it again
     scratch = compare.Run("base", 0, tmp_path / "scratch", _train_params(tmp_path, "scratch", [shard]))
-    code = sorted({*stage_code("components.train"), *stage_code("components.evaluate")})
-    assert compare.run_fingerprint(scratch, suite) == fingerprint({"train": scratch.train.model_dump(mode="json"), "suite": suite.fingerprint}, code)
+    before = compare.run_fingerprint(scratch, suite)
+    assert compare.run_fingerprint(scratch, suite) == before
+    _solid_shard(tmp_path / "s.tar", [(0, 200, 0), (0, 0, 200)])
+    assert compare.run_fingerprint(scratch, suite) != before

@@ -175,9 +175,39 @@ def test_every_deleting_command_keeps_every_byte_of_the_users(work, tmp_path):
         example_run.keep_example_run(work)
     assert not list((work / "reports").glob(".example-run.c2lip-build-*"))  # its build folder is gone too
 
+    # the train stage's pruning and fresh start, a data stage starting afresh, publish and ship_base, over the same files
+    from components.shared.atomic import resume_or_restart
+    from components.shared.checkpoints import checkpoints_record, prune_checkpoints, record_checkpoint, remove_checkpoints
+    from components.shared.hub import PublishError, hub_folder
+    from components.study import ship_base
+
+    ckpt = work / "models" / "train" / "checkpoints"
+    for step in (1, 2):
+        tag = f"step{step:08d}"
+        ckpt.mkdir(parents=True, exist_ok=True)
+        checkpoints_record(ckpt).begin_folder(tag)
+        seed(ckpt, {"model.pt": str(step)}, tag + "/")
+        write_checksums(ckpt / tag)
+        record_checkpoint(ckpt, tag)
+    mine |= seed(work, {"models/train/checkpoints/step00000001/my-notes.txt": "mine", "models/train/checkpoints/mine.txt": "mine"})
+    prune_checkpoints(ckpt, keep=1)
+    remove_checkpoints(ckpt)
+    assert not (ckpt / "step00000002").exists()
+    resume_or_restart(work / "data" / "captions", "another fingerprint", "captions")
+    assert not (work / "data" / "captions" / "train" / "000000.tar").exists()
+    with pytest.raises(PublishError, match="weights.bin"):
+        hub_folder(REPO / "models" / "base" / "export", "# card\n", work / "models" / "my-model")
+    for to in (work / "notes", work / "models" / "my-model", work / "reports"):
+        with pytest.raises(ForeignFilesError, match="ship_base --to"):
+            ship_base.ship(tmp_path / "no-build", to)
+    owned = OwnedOutputs(work / "reports", "evaluate", folders=EVALUATE_FOLDERS, files=EVALUATE_FILES)
+    with pytest.raises(ForeignFilesError, match="after.html"):  # a second evaluation: the user's gallery page stops it
+        owned.check()
+    user_bytes_survive(work, mine)
+
     # clean-data after the run: only what the records list, unchanged
     removed, kept = clean_data.clean(work)
-    assert "data/captions/train/000000.tar" in removed and "reports/gallery/index.html" in removed
+    assert "data/concepts/train/000000.parquet" in removed and "reports/gallery/index.html" in removed
     assert "reports/model-card.md" in removed and "metrics/captions.json" in removed
     assert not (work / "reports" / "benchmarks.md").exists() and not (work / "data" / "concepts" / "train").exists()
     assert "reports/metrics.json" in kept and "data/captions/train/mine.txt" in kept

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from components.shared.params_base import ENTRY_NAME_PATTERN
 from components.shared.written import Ledger, named
 from components.shared.written import replace_folder as replace_folder  # re-exported: the one way a folder is replaced
+from components.shared.written import sha256_of as sha256_file  # one SHA256 helper, for every record
 
 # errors that mean "this disk cannot take the file" (full, quota, read-only, not permitted), not a bug
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -105,24 +106,6 @@ def check_entry_name(name: str, what: str) -> str:
     return name
 
 
-def remove_inside(root: Path, name: str) -> None:
-    """Remove ``root/name`` (file or folder), refusing anything that does not resolve to an entry strictly
-    inside ``root`` — the one way a stage deletes, so that no name (``..``, ``""``, ``.``, an absolute
-    path, a symlink out) makes it delete outside its own output folder or the folder itself."""
-    root = Path(root).resolve()
-    target = root / check_entry_name(name, f"{root}: entry to remove")
-    if target.is_symlink():
-        target.unlink()
-        return
-    resolved = target.resolve()
-    if resolved.parent != root:
-        raise ValueError(f"{target}: resolves to {resolved}, outside {root}; not removed")
-    if resolved.is_dir():
-        shutil.rmtree(resolved)
-    else:
-        resolved.unlink(missing_ok=True)
-
-
 def resume_or_restart(out_dir: Path, current: str, stage: str) -> bool:
     """Keep ``out_dir``'s finished work if it was made with the same fingerprint, else remove the files ``stage``'s
     record lists as its own, unchanged (only those: components.shared.written). Returns True when resuming."""
@@ -146,14 +129,6 @@ def resume_or_restart(out_dir: Path, current: str, stage: str) -> bool:
 # --------------------------------------------------------------------------------------------------
 
 CHECKSUMS_FILE = "_checksums.json"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_checksums(folder: Path) -> None:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from components.shared.atomic import check_entry_name
-from components.shared.written import ForeignFilesError, Ledger, sha256_of
+from components.shared.written import ForeignFilesError, Ledger, lock_or_holder, sha256_of
 
 BUILD_MARKER = ".c2lip-build"  # inside every temporary build folder: the one kind of hidden folder the stage may remove
 FOREIGN_SHOWN = 5
@@ -142,17 +142,10 @@ class FolderBusy(RuntimeError):
 def one_writer(folder: Path, what: str) -> Iterator[None]:
     """Hold ``folder``'s writer lock (an OS ``flock`` on ``folder/.c2lip-<what>.lock``: released when the holder exits,
     even on a kill) for the whole block; a second writer stops at once, naming the holder, and changes nothing."""
-    import fcntl
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    handle = open(folder / f".c2lip-{check_entry_name(what, 'lock')}.lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
+    handle, holder = lock_or_holder(folder / f".c2lip-{check_entry_name(what, 'lock')}.lock")
+    if handle is None:
         raise FolderBusy(f"{folder}: another {what} is writing this folder ({holder}); nothing was changed. Wait for it, "
                          "or give this one another output folder") from None
     try:

@@ -146,12 +146,9 @@ def extends_chain(path: Path | str) -> list[Path]:
             raise ParamsError(f"{chain[-1]}: {EXTENDS}: {parent!r} closes a cycle ({cycle})")
         if not parent_path.is_file():
             raise ParamsError(f"{chain[-1]}: {EXTENDS}: {parent!r} not found ({parent_path}; the path is relative to the file's folder)")
-        # a params file extends another params file: YAML, in the workspace or beside the file it starts from
-        # (never /proc/self/environ or another file of the machine's)
-        inside = any(parent_path.resolve().is_relative_to(r.resolve()) for r in (ROOT, chain[0].parent))
-        if parent_path.suffix not in (".yaml", ".yml") or not inside:
-            raise ParamsError(f"{chain[-1]}: {EXTENDS}: {parent!r} is not a params file (.yaml) in the workspace or beside "
-                              f"{chain[0].name}; nothing else is read")
+        # a params file extends another params file, never /proc/self/environ or another file of the machine's
+        if parent_path.resolve().suffix not in (".yaml", ".yml"):
+            raise ParamsError(f"{chain[-1]}: {EXTENDS}: {parent!r} is not a params file (.yaml or .yml); nothing else is read")
         chain.append(parent_path)
 
 

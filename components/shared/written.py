@@ -42,6 +42,22 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def lock_or_holder(path: Path):
+    """(the open file holding an exclusive OS lock on ``path``, None) — the lock lasts while the file is open and ends
+    with its process, even on a kill — or (None, what the holder wrote in the file) when another process holds it."""
+    import fcntl
+
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        return None, holder
+    return handle, None
+
+
 def place_of(folder: Path, workspace: Path | None = None) -> str:
     """Where ``folder`` stands, as its ledger records it: relative to the workspace inside it, else absolute (links
     resolved, so a folder reached through a link is named where it really is)."""
@@ -84,6 +100,12 @@ def _is_sha(value) -> bool:
 
 def _plain_relative(name) -> bool:
     return isinstance(name, str) and bool(name) and not name.startswith("/") and ".." not in Path(name).parts
+
+
+def _through_a_link(root: Path, rel: str) -> bool:
+    """Whether ``root/rel`` is a link or lies behind one inside ``root``: a record never removes through a link."""
+    path = Path(root) / rel
+    return any(p.is_symlink() for p in (path, *path.parents) if p == path or Path(root) in p.parents)
 
 
 class Ledger:
@@ -227,7 +249,7 @@ class Ledger:
             path = self.root / rel
             if not path.is_file() and not path.is_symlink():
                 continue
-            if rel in tracked or path.is_symlink() or sha256_of(path) != digest:
+            if rel in tracked or _through_a_link(self.root, rel) or sha256_of(path) != digest:
                 kept.append(rel)  # committed, a link, or changed since it was written: not the stage's to remove
                 continue
             path.unlink()
