@@ -15,6 +15,7 @@ only the standard library: it runs before the project's environment exists (`mak
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,11 @@ from components.shared.written import files_under, ledgers_in, lock_or_holder, n
 # evaluate stage's cache); tests/test_pipeline.py checks this covers every dvc.yaml output under data/
 PIPELINE_DATA = ("data/captions", "data/recaptions", "data/concepts", "data/benchmarks", "data/evaluate_cache")
 STORES = ("metrics", "mlartifacts", "mlruns")
+MLFLOW_STORE = ("mlartifacts", "mlruns")  # MLflow's own files (with mlflow.db): the user's runs and registered versions
 REPORTS = "reports"
 # records of outputs kept on purpose, never cleaned: the shipped example run (`make example-run`, committed)
 KEPT_ON_PURPOSE = ("example-run",)
+LOCK_FILE = re.compile(r"^\.c2lip-[A-Za-z0-9_.-]+\.lock$")
 RUN_LOCK = ".c2lip-run.lock"  # components/shared/params_base.py RUN_LOCK (a test holds them equal)
 
 
@@ -77,10 +80,22 @@ def clean(root: Path) -> tuple[list[str], list[str]]:
     for area in (*PIPELINE_DATA, *STORES, REPORTS):
         top = root / area
         if top.is_dir() and not top.is_symlink():
-            kept += [f"{area}/{f}" for f in files_under(top) if f"{area}/{f}" not in tracked]
+            # a writer's lock file (.c2lip-<what>.lock, empty or its holder's pid) is no output: kept, not named
+            kept += [f"{area}/{f}" for f in files_under(top) if f"{area}/{f}" not in tracked and not LOCK_FILE.match(Path(f).name)]
         elif top.is_symlink():
             kept.append(area)
     return sorted(removed), sorted(kept)
+
+
+def kept_line(kept: list[str]) -> str:
+    """One line: the MLflow store as a count, then the other files kept, up to five by name."""
+    store = [f for f in kept if f.split("/")[0] in MLFLOW_STORE]
+    others = [f for f in kept if f not in store]
+    parts = [named(others)] if others else []
+    if store:
+        parts.append(f"the MLflow store ({', '.join(sorted({f.split('/')[0] + '/' for f in store}))} {len(store)} file(s): your "
+                     "runs and registered versions; remove it with mlflow.db to start afresh)")
+    return f"clean-data: kept {len(kept)} file(s) it did not write (or that changed since): {'; '.join(parts)}"
 
 
 def hold_workspace(root: Path):
@@ -109,7 +124,7 @@ def main() -> int:
         print(f"Removing {name}")
     print(f"clean-data: removed {len(removed)} file(s) the pipeline wrote in {ROOT}")
     if kept:
-        print(f"clean-data: kept {len(kept)} file(s) it did not write (or that changed since): {named(kept)}")
+        print(kept_line(kept))
     return 0
 
 

@@ -65,13 +65,17 @@ def problem(folder: Path, model: str, fingerprint: str, tasks: list) -> tuple[st
 
 
 @contextmanager
-def taking_turns(cache_dir: Path, name: str) -> Iterator[None]:
-    """An OS lock on ``cache_dir/.<name>.lock`` for the block, waiting for another holder (released on any exit)."""
+def taking_turns(cache_dir: Path) -> Iterator[None]:
+    """An OS lock on the cache folder itself for the block (no lock file left behind), waiting for another holder;
+    released on any exit, even a kill. Held only to look at, move in or set aside an entry and to update the record."""
     import fcntl
 
-    with open(Path(cache_dir) / f".{name}.lock", "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    fd = os.open(cache_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
 
 
 def set_aside(folder: Path, why: str) -> Path:
@@ -88,7 +92,7 @@ def read(cache_dir: Path, model: str, fingerprint: str, tasks: list) -> dict[str
     folder = folder_of(cache_dir, model, fingerprint)
     if not folder.is_dir():
         return None
-    with taking_turns(cache_dir, folder.name):
+    with taking_turns(cache_dir):
         if not folder.is_dir():
             return None
         why, tables = problem(folder, model, fingerprint, tasks)
@@ -102,7 +106,7 @@ def read(cache_dir: Path, model: str, fingerprint: str, tasks: list) -> dict[str
 def write(cache_dir: Path, model: str, fingerprint: str, tables: dict[str, pa.Table], tasks: list | None = None) -> None:
     """The tables, then ``complete.json``, then the checksums of both, last, in a fresh folder of its own moved into place
     whole: a folder killed halfway is never trusted. Two evaluations of one model at once (into different reports)
-    take turns on the entry (a lock per entry); the second keeps the first's entry when it is whole."""
+    take turns on the cache folder (an OS lock on it) to move the entry in; the second keeps the first's entry when it is whole."""
     folder = folder_of(cache_dir, model, fingerprint)
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=f".{folder.name}.c2lip-build-", dir=cache_dir))
@@ -110,14 +114,14 @@ def write(cache_dir: Path, model: str, fingerprint: str, tables: dict[str, pa.Ta
         items.write_tables(build, tables)
         atomic_write_json(build / CACHE_COMPLETE, {"model": model, "fingerprint": fingerprint, "tasks": list(tables)})
         write_checksums(build)
-        with taking_turns(cache_dir, folder.name):
+        with taking_turns(cache_dir):
             if folder.is_dir() and tasks is not None and problem(folder, model, fingerprint, tasks)[0] is None:
                 return  # another evaluation wrote the same results first
             if folder.exists() or folder.is_symlink():
                 set_aside(folder, "an unfinished or unusable entry")
             build.rename(folder)
-        sums = json.loads((folder / CHECKSUMS_FILE).read_text())
-        with taking_turns(cache_dir, "c2lip-record"):  # the cache's record of what it wrote (clean-data reads it)
+            # the cache's record of what it wrote (clean-data reads it), in the same turn
+            sums = json.loads((folder / CHECKSUMS_FILE).read_text())
             Ledger(cache_dir, "evaluate").add({f"{folder.name}/{k}": v for k, v in sums.items()} |
                                               {f"{folder.name}/{CHECKSUMS_FILE}": sha256_file(folder / CHECKSUMS_FILE)})
     finally:
