@@ -300,6 +300,13 @@ class Ledger:
             self.write(self._hashes(now, ours))
 
 
+def _recordable(folder: Path) -> bool:
+    """Never the workspace, the working folder or a folder above them (a metrics file named `x.json` has `.` as its
+    folder): a record there would claim the whole checkout."""
+    resolved = folder.resolve()
+    return not any(resolved == p or resolved in p.parents for p in (WORKSPACE.resolve(), Path.cwd().resolve()))
+
+
 @contextmanager
 def recording_outputs(stage: str, folders: Iterable[Path], own: Iterable[Path] = ()) -> Iterator[None]:
     """Record what ``stage`` writes in each of ``folders`` (shared with others: ``metrics/``, ``reports/``) and ``own``
@@ -308,15 +315,11 @@ def recording_outputs(stage: str, folders: Iterable[Path], own: Iterable[Path] =
     if int(os.environ.get("RANK", "0") or 0) != 0:
         yield
         return
-    def recordable(folder: Path) -> bool:  # never the workspace, the working folder or a folder above them
-        resolved = folder.resolve()
-        return not any(resolved == p or resolved in p.parents for p in (WORKSPACE.resolve(), Path.cwd().resolve()))
-
     with ExitStack() as stack:
         for folder in dict.fromkeys(Path(f) for f in own):
             stack.enter_context(Ledger(folder, stage).recording(refuse_foreign=True))
         for folder in dict.fromkeys(Path(f) for f in folders):
-            if folder not in [Path(f) for f in own] and recordable(folder):
+            if folder not in [Path(f) for f in own] and _recordable(folder):
                 stack.enter_context(Ledger(folder, stage).recording())
         yield
 
