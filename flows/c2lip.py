@@ -39,6 +39,7 @@ from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_para
 from components.shared.params import STAGES as PARAM_MODELS
 from components.shared.processes import die_with_parent, mark_run
 from components.shared.redact import redact
+from components.suite.compare_report import report_outputs
 from components.suite.model_loading import model_found
 from flows.progress import ProgressLog, readable
 from flows.run_page import (
@@ -322,6 +323,8 @@ def compare_methods(overrides: CompareOverrides | None = None, wait_for_workspac
     for k, arm in enumerate(changes.get("arms") or []):
         confine_paths(ROOT, (arm or {}).get("overrides") or {}, PARAM_MODELS["train"], f"compare.arms[{k}].overrides")
     params = compare.params_with(changes)  # a bad override fails here, before any work
+    owned, expected = report_outputs(params)
+    owned.check(expected)  # a file of yours among the report's outputs stops it here, before the data stages run
     name = str(flow_run.get_name() or f"local-{int(time.time())}")
     started = time.perf_counter()
     with workspace_lock(ROOT, f"flow run {name} (compare)", wait_for_workspace_s):

@@ -731,3 +731,16 @@ def test_two_evaluations_of_one_model_share_its_cache_entry_without_a_crash(tmp_
     assert results_cache.read(tmp_path, "m", "fp", []) is None
     aside = list(tmp_path.glob(".m-fp.unusable-*/m-fp/notes.txt"))
     assert len(aside) == 1 and aside[0].read_text() == "mine" and not entry.exists()
+
+
+def test_the_shipped_comparison_report_is_on_its_record_so_make_compare_may_replace_it():
+    """`make compare` writes reports/compare.md and its charts over the committed ones: the committed files carry the
+    comparison's record (a fresh clone's `make compare` was refused, naming them)."""
+    from components.shared.written import sha256_of
+    from components.suite.compare_report import REPORT_FILES
+
+    listed = Ledger(REPO / "reports", "compare").files()
+    shipped = [f for f in REPORT_FILES if (REPO / "reports" / f).is_file()]
+    assert shipped and all(listed.get(f) == sha256_of(REPO / "reports" / f) for f in shipped)
+    owned = OwnedOutputs(REPO / "reports", "compare", folders=("compare-gallery",), files=REPORT_FILES)
+    assert [f for f in owned.foreign_files() if f in shipped] == []
