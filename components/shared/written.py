@@ -285,7 +285,8 @@ class Ledger:
             raise ForeignFilesError(
                 f"{self.root}: {len(stopping)} file(s) there have no record of being written by the {self.stage} stage "
                 f"(yours, or an older c2lip's): {named(sorted(stopping), self.root)}. The stage's folder holds its outputs "
-                "only: move or remove them (nothing was changed)")
+                f"only: move yours elsewhere; an older c2lip's outputs (made before it kept records) go with "
+                f"`rm -r {self.root}`, and the stage builds them again. Nothing was changed")
         self.write(ours, started_with=foreign)
         try:
             yield
