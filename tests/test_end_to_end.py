@@ -75,6 +75,15 @@ def test_dvc_repro_runs_the_stages_and_then_is_up_to_date(reproduced_clone, tmp_
     diff = dvc("metrics", "diff", "--json")  # against the clone's commit, which has no report yet
     assert "finetuned/summary/zero_shot" in diff.stdout and "reports/metrics.json" in diff.stdout, diff.stdout
 
+    # a page of yours in the gallery: DVC leaves the stage's outputs in place (persist) and the stage refuses, naming it,
+    # before any work; without persist `dvc repro` deleted reports/gallery whole before the stage ran
+    (work / "reports" / "gallery" / "mine.html").write_text("<p>mine</p>")
+    again = dvc("repro", "--force", "--single-item", "evaluate")
+    assert again.returncode != 0 and "mine.html" in again.stdout + again.stderr
+    assert (work / "reports" / "gallery" / "mine.html").read_text() == "<p>mine</p>"
+    assert (work / "reports" / "gallery" / "index.html").is_file() and (work / "reports" / "benchmarks.md").is_file()
+    (work / "reports" / "gallery" / "mine.html").unlink()
+
     params["seed"] = 3
     (work / "params" / "captions.yaml").write_text(yaml.safe_dump(params))
     status = dvc("status")

@@ -744,3 +744,18 @@ def test_the_shipped_comparison_report_is_on_its_record_so_make_compare_may_repl
     assert shipped and all(listed.get(f) == sha256_of(REPO / "reports" / f) for f in shipped)
     owned = OwnedOutputs(REPO / "reports", "compare", folders=("compare-gallery",), files=REPORT_FILES)
     assert [f for f in owned.foreign_files() if f in shipped] == []
+
+
+def test_dvc_never_deletes_an_output_a_user_can_reach_before_its_stage_runs():
+    """`dvc repro` removes a stage's outputs before running it unless they persist: reports/gallery went whole, a page
+    of the user's in it included, before the evaluate stage could refuse. Every output of the stages that replace by
+    their records persists (tests/test_end_to_end.py runs it: the page stays and the stage names it)."""
+    import yaml
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for name in ("captions", "recaption", "concepts", "benchmarks", "evaluate", "train"):
+        for kind in ("outs", "metrics", "plots"):
+            for out in stages[name].get(kind, []):
+                path, options = (next(iter(out.items())) if isinstance(out, dict) else (out, {}))
+                if path.startswith(("data/", "reports/", "models/")):
+                    assert (options or {}).get("persist") is True, f"dvc.yaml stage {name}: {path} does not persist"
