@@ -35,10 +35,11 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from components.shared.markdown_text import md_literal
-from components.shared.params import ROOT, EvalModelSpec, SuiteParams, load_params
+from components.shared.params import ROOT, EvalModelSpec, ParamsError, SuiteParams, load_params
 from components.shared.params import STAGES as PARAM_MODELS
 from components.shared.processes import die_with_parent, mark_run
 from components.shared.redact import redact
+from components.shared.written import ForeignFilesError
 from components.suite.compare_report import report_outputs
 from components.suite.model_loading import model_found
 from flows.progress import ProgressLog, readable
@@ -322,9 +323,7 @@ def compare_methods(overrides: CompareOverrides | None = None, wait_for_workspac
     confine_paths(ROOT, changes.get("common") or {}, PARAM_MODELS["train"], "compare.common")
     for k, arm in enumerate(changes.get("arms") or []):
         confine_paths(ROOT, (arm or {}).get("overrides") or {}, PARAM_MODELS["train"], f"compare.arms[{k}].overrides")
-    params = compare.params_with(changes)  # a bad override fails here, before any work
-    owned, expected = report_outputs(params)
-    owned.check(expected)  # a file of yours among the report's outputs stops it here, before the data stages run
+    params = compare_preflight(changes)  # a bad override or a file of yours among the outputs: here, before any work
     name = str(flow_run.get_name() or f"local-{int(time.time())}")
     started = time.perf_counter()
     with workspace_lock(ROOT, f"flow run {name} (compare)", wait_for_workspace_s):
@@ -337,6 +336,17 @@ def compare_methods(overrides: CompareOverrides | None = None, wait_for_workspac
     publish_galleries(params.report_dir / "compare-gallery", "c2lip-compare-gallery")
     return {"arms": summary["arms"], "seeds": summary["seeds"], "paired": {a: {g: round(v["mean"], 4) for g, v in groups.items()}
             for a, groups in summary["paired"].items()}, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def compare_preflight(changes: dict[str, Any]):
+    """The comparison's params, validated, and its report outputs checked (a file of yours among them stops it, named)
+    before any data stage runs; `make compare` calls it before Prefect's server starts too."""
+    from components import compare
+
+    params = compare.params_with(changes)
+    owned, expected = report_outputs(params)
+    owned.check(expected)
+    return params
 
 
 def where_results_are(result: dict[str, Any]) -> str:
@@ -373,6 +383,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"c2lip: another c2lip run holds the workspace {ROOT} ({holder}); nothing was changed. Wait for it, or queue "
               f"behind it: make {'compare' if args.what == 'compare' else 'run'} WAIT=<seconds>", file=sys.stderr)
         return 2
+    try:
+        if args.what == "compare":
+            compare_preflight({})
+    except (ForeignFilesError, ParamsError) as err:
+        print(f"c2lip: {err}", file=sys.stderr)
+        return 2
     mark_run()  # before Prefect starts its server: every process of this run carries the id
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
@@ -382,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             outcome = full(wait_for_workspace_s=args.wait)
             print("\n" + where_results_are(outcome))
-    except WorkspaceBusy as err:  # another run took the workspace between the check and the flow: still one line
+    # refusals before any work, one line each: another run took the workspace between the check and the flow, a file of
+    # yours among the comparison's outputs, a params file that does not validate
+    except (WorkspaceBusy, ForeignFilesError, ParamsError) as err:
         print(f"c2lip: {err}", file=sys.stderr)
         return 2
     return 0

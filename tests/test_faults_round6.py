@@ -759,3 +759,23 @@ def test_dvc_never_deletes_an_output_a_user_can_reach_before_its_stage_runs():
                 path, options = (next(iter(out.items())) if isinstance(out, dict) else (out, {}))
                 if path.startswith(("data/", "reports/", "models/")):
                     assert (options or {}).get("persist") is True, f"dvc.yaml stage {name}: {path} does not persist"
+
+
+def test_make_compare_with_a_file_of_yours_among_its_outputs_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    """The comparison's report files are checked before the data stages run, and `make compare` prints the refusal in
+    one line (it found a changed report only after minutes of data stages, with a traceback)."""
+    import flows.c2lip as flow_module
+
+    monkeypatch.setattr(flow_module, "ROOT", tmp_path)
+    reports = tmp_path / "reports"
+    seed(reports, {"compare.md": "my own comparison"})
+    staged = []
+    monkeypatch.setattr(flow_module, "dvc_repro", lambda *a: staged.append(a))
+    from components import compare
+
+    real = compare.params_with
+    monkeypatch.setattr(compare, "params_with", lambda changes: real(changes).model_copy(update={"report_dir": reports}))
+    assert flow_module.main(["compare"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "compare.md" in err and staged == []  # before Prefect's server, in one line
+    assert (reports / "compare.md").read_text() == "my own comparison"
