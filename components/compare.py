@@ -393,6 +393,9 @@ def run(params: CompareParams, log_mlflow: bool = True, execute: Execute = execu
     # one comparison per output folder at a time (the CLI and the flow alike): two would share run folders and logs
     with one_writer(params.output_dir, "compare"):
         runs, suite = prepare(params)
+        # the code the runs' fingerprints hash, read here once: parsing sources in several threads at once trips
+        # CPython 3.11's parser ("AST constructor recursion depth mismatch")
+        stage_code("components.train"), stage_code("components.evaluate")
         results = execute(runs, suite, params.parallel)
         return finish(params, runs, suite, results, log_mlflow)
 

@@ -8,6 +8,7 @@ comparison run made by other code is not reused) and a test checks that dvc.yaml
 from __future__ import annotations
 
 import ast
+import threading
 from functools import cache
 from pathlib import Path
 
@@ -15,6 +16,9 @@ from components.shared.params import ROOT
 
 # data files a module reads at run time (they change what it computes like code does)
 DATA_FILES = {"components.shared.architectures": ["components/shared/model_configs"]}
+# one parse at a time: CPython 3.11's parser keeps its recursion depth per interpreter, so two threads parsing at once
+# fail with "AST constructor recursion depth mismatch" (a comparison fingerprints its runs in threads)
+_PARSING = threading.Lock()
 
 
 def module_path(module: str) -> Path | None:
@@ -30,7 +34,9 @@ def _imports(path: Path) -> set[str]:
     """``components.*`` modules named by the file's imports (``from a import b`` names ``a.b`` when that is
     a module, else ``a``)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    with _PARSING:
+        tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
