@@ -574,10 +574,12 @@ def test_a_registration_killed_before_its_tags_leaves_a_version_marked_unfinishe
     mlflow.set_tracking_uri(uri)
     client = mlflow.MlflowClient()
     client.create_registered_model("c2lip")
-    with mlflow.start_run(run_name="register-c2lip") as run:
+    # its own experiment: an experiment another test made active in this process is not in this store
+    experiment = client.create_experiment("registrations", artifact_location=(tmp_path / "artifacts").as_uri())
+    with mlflow.start_run(run_name="register-c2lip", experiment_id=experiment) as run:
         mlflow.set_tag("stage", "register")
     stopped = client.create_model_version("c2lip", source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
-    with mlflow.start_run(run_name="someone-else") as other:
+    with mlflow.start_run(run_name="someone-else", experiment_id=experiment) as other:
         pass
     theirs = client.create_model_version("c2lip", source=f"{other.info.artifact_uri}/model", run_id=other.info.run_id)
     assert mark_unfinished(client, "c2lip") == [str(stopped.version)]
