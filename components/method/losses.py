@@ -13,11 +13,19 @@ Notation as in docs/architecture.md ("The C2LIP method"): x_i image embeddings, 
 
     L = L_sig + λ_npc·L_npc + λ_xac·L_xac          (λ_npc = 1, λ_xac = 0.01)
 
-With world size > 1 every tensor a loss needs (image and caption embeddings, image tokens, phrase
-embeddings and each phrase's image index, offset by the images of the ranks before) is gathered with
-its gradient, so every rank computes the loss of the global batch. Each rank's backward then yields
-W × its share of the true gradient, and the data-parallel mean (DDP, DeepSpeed) gives the true
-gradient exactly. (The released C2LIP code indexed local image features with global labels.)
+With world size W > 1 the contrastive terms gather the image and caption embeddings with their gradient, so
+every rank computes the loss of the global batch (B² pairs: cheap); each rank's backward then yields W × its
+share of the true gradient, and the data-parallel mean (DDP, DeepSpeed) gives the true gradient exactly.
+
+The concept terms are sums over (image, phrase) pairs, and L_xac's pairs are costly (every phrase attends over
+every image's tokens). Each rank scores only its own images against every rank's phrases (gathered with their
+gradient, with each phrase's image index offset by the images of the ranks before): its rows of the global
+[M, K] sum. The W partial sums add up to the global loss; the rank's term is W × its partial sum in the backward
+(so the data-parallel mean is the global gradient, as above) and the all-reduced global value in the forward (so
+every rank logs the global loss). No rank gathers image tokens; a rank's concept work is its M/W images × K
+phrases, 1/W of the global batch's (the global batch's pairs grow with W², so at a fixed per-GPU batch a rank's
+share still grows with W; bench/concept_scaling.py). (The released C2LIP code indexed local image features with
+global labels.)
 """
 
 from __future__ import annotations
@@ -59,6 +67,18 @@ def gather_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     gathered = torch.cat(all_gather_with_grad(padded), 0)  # backward sums every rank's gradient for our slice
     rows = max(counts)
     return torch.cat([gathered[r * rows:r * rows + n] for r, n in enumerate(counts)], 0), counts
+
+
+def sum_over_ranks(partials: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each rank's share of global sums → terms whose value is the global sum (all-reduced, one collective for
+    all of them) and whose gradient is W × the rank's share: what the data-parallel mean of the gradients
+    needs, as for a loss every rank computes whole (module docstring)."""
+    if not distributed() or not partials:
+        return partials
+    world = dist.get_world_size()
+    values = torch.stack([v.detach().float() for v in partials.values()])
+    dist.all_reduce(values)
+    return {k: world * v + (total.to(v.dtype) - world * v.detach()) for (k, v), total in zip(partials.items(), values, strict=True)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -142,20 +162,23 @@ def gather_ids(ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([part[:n] for part, n in zip(parts, counts, strict=False)], 0)
 
 
-def concept_labels(image_index: torch.Tensor, num_images: int, dtype, phrase_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """[M, K]: +1 where phrase k is image m's, −1 elsewhere.
+def concept_labels(image_index: torch.Tensor, num_images: int, dtype, phrase_ids: torch.Tensor | None = None,
+                   first_image: int = 0) -> torch.Tensor:
+    """[M, K]: +1 where phrase k is image m's, −1 elsewhere, for the images ``first_image`` … ``first_image + M − 1``
+    of the batch ``image_index`` counts in (a rank's rows of the global batch).
 
     ``phrase_ids`` None: "its" means the occurrence came from image m (y_ik of the formula as written: the same
     phrase text from another image is a negative). ``phrase_ids`` [K] (equal ids = equal text): image m is
     positive for every phrase whose text is among its own phrases, so a repeated phrase ("a red circle" in
     several images of the batch) is never a negative for an image that has it.
     """
-    rows = torch.arange(num_images, device=image_index.device).unsqueeze(1)
+    rows = first_image + torch.arange(num_images, device=image_index.device).unsqueeze(1)
     if phrase_ids is None:
         own = image_index.unsqueeze(0) == rows
     else:
+        mine = (image_index >= first_image) & (image_index < first_image + num_images)  # occurrences in these rows
         has = torch.zeros(num_images, int(phrase_ids.max()) + 1 if phrase_ids.numel() else 0, dtype=torch.bool, device=image_index.device)
-        has[image_index, phrase_ids] = True
+        has[image_index[mine] - first_image, phrase_ids[mine]] = True
         own = has[:, phrase_ids]
     return own.to(dtype) * 2 - 1
 
@@ -165,13 +188,14 @@ def text_ids(keys: torch.Tensor) -> torch.Tensor:
     return torch.unique(keys.reshape(keys.shape[0], -1), dim=0, return_inverse=True)[1] if keys.numel() else keys.new_zeros(0)
 
 
-def npc_loss(image_features, phrase_features, image_index, scale, bias, phrase_ids=None) -> torch.Tensor:
+def npc_loss(image_features, phrase_features, image_index, scale, bias, phrase_ids=None, first_image: int = 0) -> torch.Tensor:
     """L_npc: −Σ_{i,k} log σ(y_ik·(s⟨x_i, c_k⟩ + b)) / K (y_ik: :func:`concept_labels`). Computed in fp32
     whatever the features' dtype (bf16 towers): the sum over every (image, phrase) pair is where low
-    precision would add up."""
+    precision would add up. ``first_image``: the images are rows ``first_image …`` of the batch ``image_index``
+    counts in; the result is then their share of the sum (still divided by every phrase, K)."""
     image_features, phrase_features = image_features.float(), phrase_features.float()
     logits = scale * image_features @ phrase_features.T + bias
-    labels = concept_labels(image_index, image_features.shape[0], logits.dtype, phrase_ids)
+    labels = concept_labels(image_index, image_features.shape[0], logits.dtype, phrase_ids, first_image)
     return -F.logsigmoid(labels * logits).sum() / max(phrase_features.shape[0], 1)
 
 
@@ -189,17 +213,17 @@ def _xac_chunk(tokens, phrases, labels, scale, bias, temperature: float) -> torc
 
 
 def xac_loss(image_tokens, phrase_features, image_index, scale, bias, temperature: float = 1.0, chunk: int = 512,
-             phrase_ids=None) -> torch.Tensor:
+             phrase_ids=None, first_image: int = 0) -> torch.Tensor:
     """L_xac: each phrase attends over each image's tokens, a = softmax_j(⟨c_k, u_mj⟩ / τ),
     v̂_mk = normalize(Σ_j a_j u_mj), logit = s⟨v̂_mk, c_k⟩ + b; labels and normalisation as L_npc.
 
     Vectorised over images, phrases and tokens, and computed ``chunk`` phrases at a time; when there is
     more than one chunk each is recomputed in the backward pass (activation checkpointing), so peak
     memory is that of one chunk (a few [M, chunk, J] tensors and one [M, chunk, D]) whatever the number
-    of phrases. In fp32 whatever the inputs' dtype, as :func:`npc_loss`.
+    of phrases. In fp32 whatever the inputs' dtype, as :func:`npc_loss`; ``first_image`` as there.
     """
     image_tokens, phrase_features = image_tokens.float(), phrase_features.float()
-    labels = concept_labels(image_index, image_tokens.shape[0], image_tokens.dtype, phrase_ids)
+    labels = concept_labels(image_index, image_tokens.shape[0], image_tokens.dtype, phrase_ids, first_image)
     total = image_tokens.new_zeros(())
     K = phrase_features.shape[0]
     for start in range(0, K, chunk):
@@ -325,7 +349,7 @@ class C2LIPLoss(nn.Module):
             return losses
         if phrase_features is None or phrase_image_index is None:
             raise ValueError("the concept terms need phrase_features and phrase_image_index")
-        offset = sum(counts[:dist.get_rank() if distributed() else 0])
+        offset = sum(counts[:dist.get_rank() if distributed() else 0])  # this rank's first image in the global batch
         phrases, _ = gather_rows(phrase_features)
         owner, _ = gather_rows(phrase_image_index + offset)  # global image index
         scale, bias = self.concept_scale_bias(logit_scale, logit_bias)
@@ -334,14 +358,15 @@ class C2LIPLoss(nn.Module):
             if phrase_keys is None:
                 raise ValueError("concept_labels='text' needs phrase_keys")
             ids = text_ids(gather_ids(phrase_keys))
+        partial = {}  # this rank's images (rows) against every phrase: its share of each global sum
         if self.lambda_npc > 0:
-            losses["npc_loss"] = self.lambda_npc * npc_loss(images, phrases, owner, scale, bias, ids)
+            partial["npc_loss"] = self.lambda_npc * npc_loss(image_features, phrases, owner, scale, bias, ids, offset)
         if self.lambda_xac > 0:
             if image_tokens is None:
                 raise ValueError("L_xac needs image_tokens")
-            tokens, _ = gather_rows(image_tokens)
-            losses["xac_loss"] = self.lambda_xac * xac_loss(tokens, phrases, owner, scale, bias, self.xac_temperature, self.xac_chunk, ids)
-        return losses
+            partial["xac_loss"] = self.lambda_xac * xac_loss(image_tokens, phrases, owner, scale, bias, self.xac_temperature,
+                                                             self.xac_chunk, ids, offset)
+        return {**losses, **sum_over_ranks(partial)}
 
     def step(self, towers, images, texts, phrase_tokens=None, phrase_inverse=None, phrase_image_index=None) -> dict[str, torch.Tensor]:
         """images [B, 3, H, W], texts [B, L] and the concept batch (:func:`~components.method.batches.concept_batch`)."""
