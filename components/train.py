@@ -3,16 +3,21 @@ c2lip, negclip, hp_hn, clic; :mod:`components.method.methods`).
 
     python -m components.train --params params/train.yaml            # the train stage (dvc repro train)
     python -m components.train --params params/base.yaml             # the base stage (from scratch)
-    torchrun --nproc_per_node 8 -m components.train --params ...     # or: deepspeed --num_gpus 8 --module ...
+    torchrun --nproc_per_node 8 -m components.train --params ...     # or: deepspeed --num_gpus 8 --module ..., or srun
+    python -m components.train --params ... --set micro_batch=48 --set processes=2    # values a launch changes
 
 The same code runs on CPU (gloo) and GPU (NCCL), in one process or many. Started with plain ``python``
-and ``processes: N > 1`` it re-launches itself under torchrun; under a launcher it is one rank.
+and ``processes: N > 1`` it re-launches itself under torchrun; under a launcher (torchrun, ``deepspeed``, ``srun``:
+:func:`~components.shared.distributed.adopt_launcher_environment`) it is one rank and dies with the launcher.
 Everything that can be checked is checked before any process starts (:func:`preflight`).
 
 Resume: DeepSpeed checkpoints (model, optimiser, scheduler) every ``checkpoint_every`` steps, with the
-step and each rank's RNG state beside them; the data order is a pure function of (seed, epoch, rank) and
-each batch's augmentation of (seed, batch index), so a killed run resumes at the same sample with the
-same crops and ends with the weights an uninterrupted run would have.
+step, the launch's shape and each rank's RNG state beside them; the data order is a pure function of (seed,
+epoch, rank, world) and each batch's augmentation of (seed, batch index), so a killed run resumes at the same
+sample with the same crops and ends with the weights an uninterrupted run would have. A relaunch on another
+number of processes (a lost node) resumes from the same step, with the data order a run of that many processes
+has from there; checkpoints are never removed for it. Every rank must see the same checkpoints (a filesystem
+shared by the nodes): ranks that disagree stop before training, naming the difference.
 
 Layout: the launcher and DeepSpeed config (:mod:`components.shared.distributed`), the data stream
 (:mod:`components.data.stream`), the method's loss and batch builder (:mod:`components.method.methods`),
@@ -61,16 +66,24 @@ from components.shared.checkpoints import (
     check_weights_file,
     export_model,
     intact_checkpoint,
+    launch_of,
     only_unfinished,
     remove_checkpoints,
     save_checkpoint,
     set_rng_state,
 )
 from components.shared.devices import batch_to_model
-from components.shared.distributed import deepspeed_config, launch, prepare_deepspeed_comm, world_size_for
+from components.shared.distributed import (
+    adopt_launcher_environment,
+    deepspeed_config,
+    launch,
+    local_world_size,
+    prepare_deepspeed_comm,
+    world_size_for,
+)
 from components.shared.model_card import CARD_FILE, card_facts, model_card
 from components.shared.params import ParamsError, TrainParams, flatten_params, load_params
-from components.shared.processes import stage_process_setup
+from components.shared.processes import die_with_parent, stage_process_setup
 from components.shared.reports import plot_losses
 from components.shared.safe_load import UnsafeCheckpointError, guard_deepspeed_loads, load_torch_file
 from components.shared.stage_code import stage_code
@@ -126,16 +139,55 @@ def _looks_like_path(init: str) -> bool:
 # the params that do not change what a step computes (bookkeeping): a checkpoint made with other values resumes
 BOOKKEEPING_KEYS = {"output_dir", "checkpoint_every", "keep_checkpoints", "log_every", "zero_shot_eval", "zero_shot_every",
                     "curves", "torch_threads", "metrics_path", "plots_path", "export_dtype", "test_shards", "mlflow_experiment"}
+# the launch's shape: a relaunch on fewer or more processes (a lost node) resumes the run (see :func:`setup`)
+LAUNCH_KEYS = {"processes", "micro_batch"}
 
 
 def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
-    """What a checkpoint must match to be resumed: the params but the bookkeeping keys, the shards, the world size,
-    the stage's code (as the captions stage does: a resumed run never mixes two versions) and what it is made from
+    """What a checkpoint must match to be resumed: the params but the bookkeeping and launch keys, the shards, the
+    stage's code (as the captions stage does: a resumed run never mixes two versions) and what it is made from
     (:func:`components.data.stream.inputs_identity`)."""
-    payload = params.model_dump(mode="json", exclude=BOOKKEEPING_KEYS)
+    payload = params.model_dump(mode="json", exclude=BOOKKEEPING_KEYS | LAUNCH_KEYS)
     payload["data"].pop("workers")
-    return fingerprint({"params": payload, "shards": shards, "world": world_size_for(params), **inputs_identity(params, shards)},
-                       stage_code("components.train"))
+    return fingerprint({"params": payload, "shards": shards, **inputs_identity(params, shards)}, stage_code("components.train"))
+
+
+@dataclass(frozen=True)
+class StartState:
+    """What a rank reads from the output folder to decide where the run starts; every rank must read the same."""
+
+    same_run: bool  # the fingerprint file matches these params
+    resume_tag: str | None  # the newest intact checkpoint (when same_run)
+    damaged: tuple[str, ...]
+    unfinished: bool  # only checkpoints whose save never finished (a kill during the first one)
+
+
+def start_state(params: TrainParams, current: str) -> StartState:
+    ckpt_dir, fp_file = params.output_dir / "checkpoints", params.output_dir / "_fingerprint.json"
+    same_run = fp_file.is_file() and json.loads(fp_file.read_text()).get("fingerprint") == current
+    resume_tag, damaged = intact_checkpoint(ckpt_dir) if same_run else (None, [])
+    unfinished = same_run and resume_tag is None and only_unfinished(ckpt_dir)
+    return StartState(same_run and not unfinished, resume_tag, tuple(damaged), unfinished)
+
+
+def agree_on_start(state: StartState, output_dir: Path) -> None:
+    """Every rank decides from the same files, or none trains: a node that sees other checkpoints (no shared
+    filesystem) would start afresh while the others resume, and the collectives would wait forever."""
+    world = dist.get_world_size()
+    if world == 1:
+        return
+    views: list = [None] * world
+    dist.all_gather_object(views, (os.uname().nodename, state))
+    if any(view[1] != views[0][1] for view in views):
+        seen = "; ".join(f"rank {r} on {host}: " + (f"resume {s.resume_tag}" if s.resume_tag else "no checkpoint to resume")
+                         for r, (host, s) in enumerate(views))
+        raise CheckpointsDisagree(f"the ranks see different checkpoints in {output_dir} ({seen}). Every node must see the same "
+                                  "output_dir: put it on a filesystem the nodes share (NFS, Lustre, a mounted bucket); "
+                                  "nothing was changed")
+
+
+class CheckpointsDisagree(RuntimeError):
+    pass
 
 
 def start_mlflow(params: TrainParams, stage: str):
@@ -188,8 +240,12 @@ def setup(params: TrainParams, stage: str) -> Run:
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    torch.set_num_threads(params.torch_threads or max(1, (os.cpu_count() or 1) // local_world))
+    torch.set_num_threads(params.torch_threads or max(1, (os.cpu_count() or 1) // local_world_size()))
+    shards = expand_shards(params.data.shards)
+    ckpt_dir = params.output_dir / "checkpoints"
+    current = run_fingerprint(params, shards)
+    state = start_state(params, current)
+    agree_on_start(state, params.output_dir)  # the first collective: before any rank acts on what it read
     # denormal floats (weights and gradients that decay towards 0) slow x86 matrix products several-fold;
     # flushing them to zero costs nothing measurable in accuracy (bench/train.py)
     torch.set_flush_denormal(True)
@@ -198,32 +254,27 @@ def setup(params: TrainParams, stage: str) -> Run:
         torch.cuda.set_device(device)
     main = rank == 0
     ds_config = deepspeed_config(params, world, cuda)
-    shards = expand_shards(params.data.shards)
     method = method_for(params.method.name)
+    same_run, resume_tag, damaged, unfinished = state.same_run, state.resume_tag, list(state.damaged), state.unfinished
+    if damaged and main:
+        log.warning("skipped damaged checkpoint(s): %s", "; ".join(damaged))
+    if same_run and damaged and resume_tag is None:
+        raise CorruptFileError(f"no intact checkpoint to resume from in {ckpt_dir}: {'; '.join(damaged)}. "
+                         f"Remove {ckpt_dir} to start this run afresh.")
+    resuming = resume_tag is not None
+    if resuming:
+        check_resumable_launch(ckpt_dir / resume_tag, world, ds_config)
 
     random.seed(params.seed)
     np.random.seed(params.seed)
     torch.manual_seed(params.seed)  # identical initial weights on every rank
     model, transform_train, transform_eval, tokenizer = build_model(params)
+    model = synchronise_batch_norm(model, world, cuda, main)
     neighbours = None
     if params.method.hard_examples.neighbour_images:  # NegCLIP's hard-negative images, by the weights the run starts from
         from components.data.neighbours import for_run
 
-        neighbours = for_run(params, model, transform_eval, shards, main, dist.barrier, device)
-    ckpt_dir = params.output_dir / "checkpoints"
-    current = run_fingerprint(params, shards)
-    fp_file = params.output_dir / "_fingerprint.json"
-    same_run = fp_file.is_file() and json.loads(fp_file.read_text()).get("fingerprint") == current
-    resume_tag, damaged = intact_checkpoint(ckpt_dir) if same_run else (None, [])
-    if damaged and main:
-        log.warning("skipped damaged checkpoint(s): %s", "; ".join(damaged))
-    unfinished = same_run and resume_tag is None and only_unfinished(ckpt_dir)
-    if unfinished:  # killed while writing its first checkpoint: start afresh (the unfinished folder goes below)
-        same_run = False
-    if same_run and damaged and resume_tag is None:
-        raise CorruptFileError(f"no intact checkpoint to resume from in {ckpt_dir}: {'; '.join(damaged)}. "
-                         f"Remove {ckpt_dir} to start this run afresh.")
-    resuming = resume_tag is not None
+        neighbours = for_run(params, model, transform_eval, shards, rank, world, device)
     if params.model.calibrate_logits and not resuming:  # a resumed run has its s and b in the checkpoint
         calibrate(model, params, shards, rank, world, transform_train, tokenizer, main)
     module = TrainingModule(model, method.make_loss(params.method, model), freeze_image_tower=method.freezes_image_tower(params.method))
@@ -247,11 +298,18 @@ def setup(params: TrainParams, stage: str) -> Run:
             set_rng_state(load_torch_file(rng_file))
         if main:
             log.info("resumed from %s at step %d", ckpt_dir / resume_tag, start_step)
+            was = launch_of(ckpt_dir / resume_tag)
+            if was and (was["processes"], was["micro_batch"]) != (world, params.micro_batch):
+                log.info("the checkpoint was written by %d process(es) × micro-batch %d, this run has %d × %d: it goes on from "
+                         "step %d with the data order of a %d-process run (the loss sees %d samples per micro-step, was %d)",
+                         was["processes"], was["micro_batch"], world, params.micro_batch, start_step, world,
+                         world * params.micro_batch, was["processes"] * was["micro_batch"])
     elif main:
         if ckpt_dir.exists():
             log.info("no checkpoint in %s was finished before the run stopped: starting afresh" if unfinished else
                      "checkpoints in %s belong to other params: starting afresh", ckpt_dir)
             remove_checkpoints(ckpt_dir)
+        fp_file = params.output_dir / "_fingerprint.json"
         atomic_write_json(fp_file, {"fingerprint": current})
     dist.barrier()
 
@@ -292,6 +350,34 @@ def setup(params: TrainParams, stage: str) -> Run:
                dict(resumed_figures.get("losses", {})), curves, started)
 
 
+def check_resumable_launch(checkpoint: Path, world: int, ds_config: dict) -> None:
+    """A checkpoint written by another number of processes resumes where its optimiser state is whole: ZeRO 0 keeps
+    one copy of it. ZeRO 1 and 2 keep a shard per process; DeepSpeed's re-splitting of them (its elastic layout) did
+    not give back the optimiser's exact state here (docs/gpus.md), so that relaunch refuses, keeping everything."""
+    was = launch_of(checkpoint).get("processes")
+    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+    if was is None or was == world or stage == 0:
+        return
+    raise CorruptFileError(f"{checkpoint} was written by {was} processes with ZeRO stage {stage}, whose optimiser state is split "
+                           f"{was} ways; this run has {world}. Relaunch on {was} processes (--set processes={was} or the "
+                           f"launcher's count) to resume it, or train on ZeRO 0, which resumes on any number (nothing was changed)")
+
+
+def synchronise_batch_norm(model: torch.nn.Module, world: int, cuda: bool, main: bool) -> torch.nn.Module:
+    """BatchNorm normalises by its batch's statistics: on several GPUs they become the global batch's
+    (SyncBatchNorm), so every rank computes what one process would. gloo (CPU) cannot synchronise them: then each
+    rank normalises its own micro-batch, and the run says so once."""
+    if world == 1 or not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return model
+    if cuda:
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if main:
+        log.warning("this model has BatchNorm layers and %d CPU processes cannot synchronise them (SyncBatchNorm needs GPUs): "
+                    "each rank normalises by its own micro-batch, so the run differs from a one-process run (a model with "
+                    "LayerNorm, such as the ViTs, does not)", world)
+    return model
+
+
 def calibrate(model, params: TrainParams, shards: list[str], rank: int, world: int, transform, tokenizer, main: bool) -> None:
     """Fit the logit scale and bias on the first batches (:func:`~components.method.optim.calibrate_logits`);
     every rank starts from rank 0's fit, so the replicas stay identical."""
@@ -326,8 +412,7 @@ def loop(run: Run) -> None:
             for k, v in {**terms, "loss": total}.items():
                 sums[k] = sums.get(k, 0.0) + v.detach().float() / run.accumulation
         step += 1
-        with torch.no_grad():  # the paper clamps the logit scale to [0, ln 100]
-            engine.module.model.logit_scale.clamp_(0, max_scale)
+        bound_logit_scale(engine, max_scale)
         if step == run.start_step + 1:  # throughput leaves out the first step (warm-up, first data reads)
             t0, samples_done = time.time(), 0
         else:
@@ -366,10 +451,26 @@ def loop(run: Run) -> None:
                 run.tracker.log_metrics(metrics, step=step)
         if saves:
             save_checkpoint(engine, run.ckpt_dir, step, run.rank, params.keep_checkpoints, run.main,
-                            figures={"losses": run.losses, "samples_per_s": run.throughput}, history=run.plot_points)
+                            figures={"losses": run.losses, "samples_per_s": run.throughput}, history=run.plot_points,
+                            launch={"processes": dist.get_world_size(), "micro_batch": params.micro_batch})
             if run.main:
                 atomic_write_json(params.plots_path, {"loss": run.plot_points})
     bar.close()
+
+
+def bound_logit_scale(engine, max_log_scale: float) -> None:
+    """The paper clamps the logit scale to [0, ln 100] after each step. Under ZeRO 1/2 or bf16 the optimiser steps an
+    fp32 master copy of it and writes it back into the module at the next step: clamping the module's copy alone
+    lets the master drift past the bound, so the master is clamped too (DeepSpeed's full-parameter accessors; a
+    collective of one value, on every rank)."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
+
+    scale = engine.module.model.logit_scale
+    with torch.no_grad():
+        scale.clamp_(0, max_log_scale)  # ZeRO 0 in fp32: the parameter the optimiser steps
+        master = safe_get_full_fp32_param(scale)
+        if master is not None and bool(((master < 0) | (master > max_log_scale)).any()):
+            safe_set_full_fp32_param(scale, master.clamp(0, max_log_scale))
 
 
 def save(run: Run) -> dict[str, float]:
@@ -420,24 +521,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", type=Path, default=Path("params/train.yaml"), help="params YAML (train.yaml, base.yaml, or a preset)")
     parser.add_argument("--stage", default=None, help="name recorded in MLflow (default: the params file's stem)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one value of the params file, a dotted key and a YAML value (micro_batch=48, "
+                             "processes=16, data.workers=4); repeatable. Every rank gets the same command line")
+    # the deepspeed launcher appends --local_rank=N to the module's arguments; the rank reads LOCAL_RANK as torchrun's do
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stage = args.stage or args.params.stem
     try:
-        params = load_params("train", args.params)
+        launcher = adopt_launcher_environment()
+        if args.local_rank is not None:
+            os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+        params = load_params("train", args.params, args.overrides)
         preflight(params)
     except (ParamsError, CorruptFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if launcher is not None:  # a rank dies with its launcher (torchrun starts each rank in a session of its own)
+        die_with_parent()
     # the figures beside other stages' in metrics/ are recorded as the train stage's (components.shared.written)
     with recording_outputs("train", folders=[params.metrics_path.parent, params.plots_path.parent]):
-        code = launch("components.train", ["--params", str(args.params), "--stage", stage], params.processes)
+        relaunch = ["--params", str(args.params), "--stage", stage, *(f"--set={o}" for o in args.overrides)]
+        code = launch("components.train", relaunch, params.processes)
         if code is not None:  # the torchrun children did the work
             return code
         try:
             train(params, stage)
-        except (CorruptFileError, UnsafeCheckpointError) as err:
+        except (CorruptFileError, UnsafeCheckpointError, CheckpointsDisagree) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
     return 0

@@ -120,3 +120,62 @@ def test_every_method_gives_the_same_terms_and_gradients_on_1_2_and_4_ranks(tmp_
                     torch.testing.assert_close(got_grads[k], grads[k], rtol=1e-4, atol=1e-6, msg=f"{name} {k} world {world} rank {rank}")
     # the concept terms are there and not zero (the comparison above covers them)
     assert one["c2lip"][0]["xac_loss"] > 0 and one["c2lip-text-labels-own-logit"][0]["npc_loss"] > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# the logit-scale bound holds in the optimiser's master copy (ZeRO 1 on 2 ranks)
+# --------------------------------------------------------------------------------------------------
+
+
+class _ScaleModel(torch.nn.Module):
+    """A loss that pushes the logit scale up every step (−logit_scale), beside an ordinary weight."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = torch.nn.Module()
+        self.model.logit_scale = torch.nn.Parameter(torch.tensor([2.0]))
+        self.weight = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.weight(x).pow(2).mean() - self.model.logit_scale.sum()
+
+
+def _bound_rank(rank, world, port, out_dir, bounded):
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    from components.shared.distributed import prepare_deepspeed_comm
+    from components.train import bound_logit_scale
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    prepare_deepspeed_comm(1)  # torch's all-reduce instead of compiling DeepSpeed's shared-memory op
+    deepspeed.init_distributed("gloo")
+    torch.set_num_threads(1)
+    module = _ScaleModel()
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.5)
+    config = {"train_batch_size": 2 * world, "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
+              "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+    bound = 0.7  # ln 2: the scale starts at ln 7.4 and is pushed up
+    for _ in range(3):
+        engine.backward(engine(torch.randn(2, 4)))
+        engine.step()
+        if bounded:
+            bound_logit_scale(engine, bound)
+        else:  # the module's copy alone, as the loop did before
+            with torch.no_grad():
+                engine.module.model.logit_scale.clamp_(0, bound)
+    master = safe_get_full_fp32_param(engine.module.model.logit_scale)
+    torch.save({"master": master, "module": engine.module.model.logit_scale.detach().clone()},
+               os.path.join(out_dir, f"{'bounded' if bounded else 'module-only'}-{rank}.pt"))
+
+
+def test_the_logit_scale_bound_holds_in_the_optimizer_master_under_zero1(tmp_path):
+    for bounded in (False, True):
+        mp.spawn(_bound_rank, args=(2, free_port(), str(tmp_path), bounded), nprocs=2, join=True)
+    for rank in (0, 1):
+        before = torch.load(tmp_path / f"module-only-{rank}.pt")
+        assert float(before["master"]) > 0.7 + 0.5, "the master did not drift past the bound: the test no longer shows the fault"
+        after = torch.load(tmp_path / f"bounded-{rank}.pt")
+        assert float(after["master"]) <= 0.7 + 1e-6 and float(after["module"]) <= 0.7 + 1e-6

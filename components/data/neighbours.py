@@ -60,16 +60,22 @@ class ShardIndex:
 
 @torch.no_grad()
 def nearest_images(index: ShardIndex, embed: Callable[[list[Image.Image]], torch.Tensor], k: int, batch: int = 256,
-                   progress: Callable[[Iterator], Iterator] = iter) -> dict[str, list[str]]:
-    """Each image's ``k`` nearest other images by cosine of ``embed``'s features (a batch of PIL images -> [n, D])."""
+                   progress: Callable[[Iterator], Iterator] = iter, rank: int = 0, world: int = 1) -> dict[str, list[str]]:
+    """Each image's ``k`` nearest other images by cosine of ``embed``'s features (a batch of PIL images -> [n, D]).
+    With ``world`` > 1 (a process group) each rank embeds its contiguous share of the images and every rank gets
+    the whole table: the ranks share the work instead of waiting for one."""
     keys = [key for key in index.keys() if "jpg" in index.members[key][1]]
     if len(keys) <= k:
         raise ValueError(f"{len(keys)} training images: too few for {k} nearest neighbours each (method.hard_examples.neighbour_images)")
+    share = -(-len(keys) // world)  # images per rank (the last rank's share may be shorter, or empty)
+    mine = keys[rank * share:(rank + 1) * share]
     features = []
-    for start in progress(range(0, len(keys), batch)):
-        images = [Image.open(io.BytesIO(index.sample(key)["jpg"])).convert("RGB") for key in keys[start:start + batch]]
+    for start in progress(range(0, len(mine), batch)):
+        images = [Image.open(io.BytesIO(index.sample(key)["jpg"])).convert("RGB") for key in mine[start:start + batch]]
         features.append(torch.nn.functional.normalize(embed(images).float(), dim=-1))
-    everything = torch.cat(features)
+    everything = torch.cat(features) if features else None
+    if world > 1:
+        everything = _gather_shares(everything, share, len(keys), rank, world)
     neighbours: dict[str, list[str]] = {}
     for start in range(0, len(keys), 1024):  # a block of rows at a time: N x N similarities never sit in memory at once
         sims = everything[start:start + 1024] @ everything.T
@@ -78,6 +84,21 @@ def nearest_images(index: ShardIndex, embed: Callable[[list[Image.Image]], torch
         top = sims.topk(k, dim=1).indices.tolist()
         neighbours.update({keys[start + r]: [keys[j] for j in row] for r, row in enumerate(top)})
     return neighbours
+
+
+def _gather_shares(features: torch.Tensor | None, share: int, total: int, rank: int, world: int) -> torch.Tensor:
+    """Every rank's feature rows in rank order (each padded to ``share`` rows for the collective)."""
+    import torch.distributed as dist
+
+    width = torch.tensor([features.shape[1] if features is not None else 0])
+    dist.all_reduce(width, op=dist.ReduceOp.MAX)  # a rank with no images still learns the width
+    device = features.device if features is not None else torch.device("cpu")
+    padded = torch.zeros(share, int(width), device=device)
+    if features is not None:
+        padded[:features.shape[0]] = features
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat(parts)[:total].cpu()
 
 
 class Neighbours:
@@ -107,7 +128,7 @@ def load_or_compute(path: Path, shards: list[str], k: int, embed: Callable, iden
     """The run's neighbours from ``path`` when it was computed for the same shards, k and start model (``identity``),
     else computed (``embed``) and written there atomically."""
     index = ShardIndex(shards)
-    key = fingerprint({"shards": shards_identity(shards), "k": k, **identity}, [])
+    key = table_key(shards, k, identity)
     if path.is_file():
         stored = stored_table(path)
         if stored is not None and stored.get("fingerprint") == key:
@@ -115,6 +136,11 @@ def load_or_compute(path: Path, shards: list[str], k: int, embed: Callable, iden
     table = nearest_images(index, embed, k, progress=progress)
     atomic_write_json(path, {"fingerprint": key, "k": k, "neighbours": table})
     return Neighbours(index, table)
+
+
+def table_key(shards: list[str], k: int, identity: dict) -> str:
+    """What a stored table must have been computed for: the shards' content, k and the start model."""
+    return fingerprint({"shards": shards_identity(shards), "k": k, **identity}, [])
 
 
 def stored_table(path: Path) -> dict | None:
@@ -153,13 +179,14 @@ def embed_images(model, transform, images: list[Image.Image]) -> torch.Tensor:
         model.train(training)
 
 
-def for_run(params, model, transform, shards: list[str], main: bool, barrier: Callable[[], None],
-            device: torch.device | None = None) -> Neighbours:
+def for_run(params, model, transform, shards: list[str], rank: int, world: int, device: torch.device | None = None) -> Neighbours:
     """A training run's neighbours, by the image tower it starts from (before any step, before a resumed checkpoint
-    loads: every resume of a run draws from the same partners). Rank 0 computes or reuses ``neighbours.json`` in the
-    run's output folder; the other ranks read it after ``barrier``."""
+    loads: every resume of a run draws from the same partners). Rank 0 decides whether ``neighbours.json`` in the
+    run's output folder is the table for this run; if not, every rank embeds its share of the images
+    (:func:`nearest_images`) and rank 0 writes the table; then every rank reads it."""
     import sys
 
+    import torch.distributed as dist
     from tqdm import tqdm
 
     path = params.output_dir / NEIGHBOURS_FILE
@@ -167,12 +194,19 @@ def for_run(params, model, transform, shards: list[str], main: bool, barrier: Ca
     # the start weights by their content: a new base of the same size under the same path is another table
     identity = {"model": params.model.name, "init": params.model.init, "seed": None if init.exists() else params.seed,
                 "weights": weights_identity(params.model.init)}
-
-    if main:
+    k = params.method.hard_examples.neighbour_images
+    key = table_key(shards, k, identity)
+    reuse = [rank == 0 and path.is_file() and (stored := stored_table(path)) is not None and stored.get("fingerprint") == key]
+    if world > 1:
+        dist.broadcast_object_list(reuse, src=0)
+    if not reuse[0]:
         model.to(device or "cpu")  # on a GPU the embedding runs there (DeepSpeed would move the model next anyway)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        k = params.method.hard_examples.neighbour_images
-        found = load_or_compute(path, shards, k, functools.partial(embed_images, model, transform), identity,
-                                progress=lambda it: tqdm(it, desc="neighbours", unit="batch", file=sys.stderr))
-    barrier()
-    return found if main else read_neighbours(path, shards)
+        progress = (lambda it: tqdm(it, desc="neighbours", unit="batch", file=sys.stderr)) if rank == 0 else iter
+        table = nearest_images(ShardIndex(shards), functools.partial(embed_images, model, transform), k, progress=progress,
+                               rank=rank, world=world)
+        if rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, {"fingerprint": key, "k": k, "neighbours": table})
+    if world > 1:
+        dist.barrier()
+    return read_neighbours(path, shards)

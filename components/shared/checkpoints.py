@@ -29,6 +29,7 @@ EXPORT_CONFIG = "open_clip_config.json"
 EXPORT_WEIGHTS = "open_clip_model.safetensors"
 RNG_FILE = "rng_rank{rank}.pt"
 HISTORY_FILE = "loss_history.json"
+LAUNCH_FILE = "launch.json"  # {"processes": W, "micro_batch": m}: the launch that wrote the checkpoint
 
 
 def latest_tag(ckpt_dir: Path) -> str | None:
@@ -104,9 +105,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, main: bool,
-                    figures: dict | None = None, history: list[dict] | None = None) -> None:
-    """DeepSpeed's checkpoint of step ``step``; each rank's RNG state (and rank 0's loss history) is
-    written first, so the ``latest`` pointer DeepSpeed writes last never names an incomplete checkpoint."""
+                    figures: dict | None = None, history: list[dict] | None = None, launch: dict | None = None) -> None:
+    """DeepSpeed's checkpoint of step ``step``; each rank's RNG state (and rank 0's loss history and the launch's
+    shape, :data:`LAUNCH_FILE`) is written first, so the ``latest`` pointer DeepSpeed writes last never names an
+    incomplete checkpoint."""
     tag = f"step{step:08d}"
     if main:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -116,6 +118,8 @@ def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, mai
     (ckpt_dir / tag).mkdir(parents=True, exist_ok=True)
     if main and history is not None:
         atomic_write_json(ckpt_dir / tag / HISTORY_FILE, history)
+    if main and launch is not None:
+        atomic_write_json(ckpt_dir / tag / LAUNCH_FILE, launch)
     buf = io.BytesIO()
     torch.save(rng_state(), buf)
     atomic_write_bytes(ckpt_dir / tag / RNG_FILE.format(rank=rank), buf.getvalue())
@@ -126,6 +130,12 @@ def save_checkpoint(engine, ckpt_dir: Path, step: int, rank: int, keep: int, mai
         write_checksums(ckpt_dir / tag)  # last: a checkpoint without them is never resumed from
         record_checkpoint(ckpt_dir, tag)
         prune_checkpoints(ckpt_dir, keep)
+
+
+def launch_of(checkpoint: Path) -> dict:
+    """The processes and micro-batch a checkpoint was written by ({} for one written before they were recorded)."""
+    path = Path(checkpoint) / LAUNCH_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def intact_checkpoint(ckpt_dir: Path) -> tuple[str | None, list[str]]:

@@ -1,5 +1,14 @@
-"""Processes and DeepSpeed: the world size, the DeepSpeed config filled from our params, and the
-launcher that re-starts a multi-process run under torchrun."""
+"""Processes and DeepSpeed: the world size, the DeepSpeed config filled from our params, the environments of the
+launchers a rank may be started by (torchrun, ``deepspeed``, SLURM's ``srun``), and the re-launch of a multi-process
+run under torchrun.
+
+Launchers, as a rank sees them:
+
+- torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``;
+- ``deepspeed`` sets the same but ``LOCAL_SIZE`` for ``LOCAL_WORLD_SIZE``, and appends ``--local_rank=N`` to the
+  module's arguments (the train stage accepts and ignores it);
+- ``srun`` sets only its own ``SLURM_*`` variables: :func:`adopt_launcher_environment` maps them to torch's.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +21,82 @@ import sys
 from typing import Any
 
 from components.shared.params import ParamsError, TrainParams
+
+
+def adopt_launcher_environment(environ: dict | None = None) -> str | None:
+    """Fill torch's rendezvous variables from the launcher that started this process; returns the launcher's name
+    (``torchrun``, ``deepspeed``, ``slurm``) or None when no launcher started it (the stage then launches itself).
+
+    Under ``srun`` (a job step of several tasks, one per GPU) the rank is ``SLURM_PROCID`` of ``SLURM_STEP_NUM_TASKS``,
+    the local rank ``SLURM_LOCALID``; the rendezvous host is ``MASTER_ADDR`` when the job script exports it (the first
+    node of the allocation: ``MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)``), else the
+    first host of ``SLURM_STEP_NODELIST`` when it is a plain list; the port, when not exported, is derived from the job id
+    so that two jobs on one node do not meet."""
+    env = os.environ if environ is None else environ
+    if "WORLD_SIZE" in env:
+        if "LOCAL_WORLD_SIZE" not in env and "LOCAL_SIZE" in env:  # deepspeed's name for it
+            env["LOCAL_WORLD_SIZE"] = env["LOCAL_SIZE"]
+        return "deepspeed" if "LOCAL_SIZE" in env or "CROSS_RANK" in env else "torchrun"
+    tasks = env.get("SLURM_STEP_NUM_TASKS")
+    if tasks is None or "SLURM_PROCID" not in env or int(tasks) < 2:
+        return None  # not a step of several tasks (a batch script itself, or one task): not launched by srun
+    host = env.get("MASTER_ADDR") or _first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""))
+    if not host:
+        raise ParamsError("srun: cannot tell the first node of the job step from SLURM_STEP_NODELIST "
+                          f"{env.get('SLURM_STEP_NODELIST')!r}; export MASTER_ADDR=$(scontrol show hostnames "
+                          '"$SLURM_JOB_NODELIST" | head -n1) in the job script')
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE") or tasks
+    env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=tasks, LOCAL_RANK=env.get("SLURM_LOCALID", "0"),
+               LOCAL_WORLD_SIZE=str(_tasks_on_this_node(per_node, int(env.get("SLURM_NODEID", "0")))),
+               MASTER_ADDR=host, MASTER_PORT=env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+    return "slurm"
+
+
+def _first_host(nodelist: str) -> str | None:
+    """The first host of a SLURM node list when it needs no expansion (``gpu01,gpu02``, ``gpu01``); None for the
+    compressed form (``gpu[01-04]``), which only ``scontrol show hostnames`` expands reliably."""
+    first = nodelist.split(",")[0].strip()
+    return first if first and "[" not in first else None
+
+
+def _tasks_on_this_node(per_node: str, node: int) -> int:
+    """Tasks on node ``node`` from SLURM's ``2(x3),1`` notation (two tasks on each of three nodes, then one)."""
+    counts: list[int] = []
+    for part in per_node.split(","):
+        count, _, repeat = part.partition("(x")
+        counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+    return counts[min(node, len(counts) - 1)]
+
+
+def local_world_size() -> int:
+    """Processes on this machine (threads per rank are the machine's cores over these)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or os.environ.get("WORLD_SIZE", 1))
+
+
+# what a rank on another node needs from this shell; DeepSpeed's multi-node runner exports the variables a
+# .deepspeed_env file in the launch directory lists (pdsh starts the remote ranks with a bare environment)
+FORWARDED_PREFIXES = ("C2LIP_", "MLFLOW_", "HF_", "PREFECT_API_")
+FORWARDED_NAMES = ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "GLOO_SOCKET_IFNAME")
+DEEPSPEED_ENV_FILE = ".deepspeed_env"
+
+
+def write_deepspeed_env(folder, environ: dict | None = None) -> list[str]:
+    """Write ``folder/.deepspeed_env`` with the variables of this shell the ranks on other nodes need (the tracking
+    server, the hub, c2lip's own settings); readable by its owner only, as it may hold a tracking password.
+    Returns the names written."""
+    from pathlib import Path
+
+    from components.shared.atomic import atomic_write_bytes
+
+    env = os.environ if environ is None else environ
+    names = sorted(n for n in env if n.startswith(FORWARDED_PREFIXES) or n in FORWARDED_NAMES)
+    for name in names:
+        if "\n" in env[name]:
+            raise ParamsError(f"{name}: a value with a line break cannot be forwarded through {DEEPSPEED_ENV_FILE}")
+    path = Path(folder) / DEEPSPEED_ENV_FILE
+    atomic_write_bytes(path, "".join(f"{n}={env[n]}\n" for n in names).encode())
+    path.chmod(0o600)
+    return names
 
 
 def world_size_for(params: TrainParams) -> int:
@@ -88,10 +173,13 @@ def launch(module: str, args: list[str], processes: int) -> int | None:
     if "WORLD_SIZE" in os.environ:
         return None
     if processes > 1:
+        from components.shared.processes import die_with_parent
+
         prepare_deepspeed_comm(processes)  # compiled once, before the ranks fan out
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
                    "-m", module, *args]
-        return subprocess.call(command)
+        # torchrun dies with this process (its ranks die with torchrun: components.train), however this one ends
+        return subprocess.call(command, preexec_fn=die_with_parent)
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     return None

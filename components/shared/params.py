@@ -193,11 +193,30 @@ def validate_params(stage: str, data: Any, source: Path | str = "<params>") -> S
         raise ParamsError(_format_error(Path(source), err)) from None
 
 
-def load_params(stage: str, path: Path | str | None = None) -> Strict:
-    """Read and validate ``params/<stage>.yaml`` (or ``path``) before any work is done."""
+def load_params(stage: str, path: Path | str | None = None, overrides: list[str] | None = None) -> Strict:
+    """Read and validate ``params/<stage>.yaml`` (or ``path``) before any work is done; ``overrides``: ``key.sub=value``
+    strings (a command line's ``--set``), each value read as YAML, applied over the file's values."""
     path = Path(path) if path is not None else PARAMS_DIR / f"{stage}.yaml"
     _refuse_interrupted_overrides(path)
-    return validate_params(stage, read_yaml(path), path)
+    data = read_yaml(path)
+    for item in overrides or []:
+        data = deep_merge(data if isinstance(data, dict) else {}, override_of(item))
+    source = f"{path} (with --set {' --set '.join(overrides)})" if overrides else path
+    return validate_params(stage, data, source)
+
+
+def override_of(item: str) -> dict:
+    """``"a.b=3"`` → ``{"a": {"b": 3}}`` (the value read as YAML: numbers, booleans, lists)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key or any(not part.isidentifier() for part in key.split(".")):
+        raise ParamsError(f"--set {item!r}: expected KEY=VALUE with a dotted key of the params file (micro_batch=48, data.workers=4)")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ParamsError(f"--set {item!r}: the value is not a YAML value") from None
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
 
 
 def _refuse_interrupted_overrides(path: Path) -> None:
