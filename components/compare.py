@@ -4,7 +4,8 @@ same data with the same budget, once per seed, each judged by the same benchmark
     python -m components.compare --params params/compare.yaml          (make compare)
     prefect deployment run c2lip/compare                                (the flow maps the runs as tasks)
 
-Each run is the train stage as a subprocess with one torch thread (``parallel`` at a time), in
+Each run is the train stage as a subprocess with one torch thread (``parallel`` at a time; on a machine with GPUs
+the runs are dealt over them, one GPU per run while ``parallel`` ≤ the GPU count: :class:`DeviceSlots`), in
 ``output_dir/<arm>/seed<k>/``, then its export evaluated in this process on the suite loaded once (one
 thread per run); a finished run leaves ``done.json`` keyed by its params, the suite and the training and
 evaluation code, so a killed comparison resumes where it stopped (a run killed mid-way
@@ -16,8 +17,10 @@ separately, every benchmark's headline), ``compare.png``, ``compare.json``, and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import queue
 import sys
 import time
 from collections.abc import Callable
@@ -288,10 +291,41 @@ def finished(run: Run, suite: Suite) -> dict[str, float] | None:
 TRAIN_FIGURES = ("samples_per_s", "curves_share", *(key for key, _ in TRAIN_COLUMNS))
 
 
-def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs); [] without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    named = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return named or [str(i) for i in range(torch.cuda.device_count())]
+
+
+class DeviceSlots:
+    """``parallel`` places for runs, dealt over the machine's GPUs in turn (8 GPUs, parallel 8: one run per GPU;
+    parallel 16: two per GPU); on a machine without GPUs every place is the CPU (None). A run holds its place
+    while it trains, so no two runs of one place overlap beyond ``parallel`` / GPUs per GPU."""
+
+    def __init__(self, parallel: int, gpus: list[str] | None = None):
+        gpus = visible_gpus() if gpus is None else gpus
+        self._free: queue.Queue = queue.Queue()
+        for k in range(parallel):
+            self._free.put(gpus[k % len(gpus)] if gpus else None)
+
+    @contextlib.contextmanager
+    def take(self):
+        device = self._free.get()
+        try:
+            yield device
+        finally:
+            self._free.put(device)
+
+
+def train_and_evaluate(run: Run, suite: Suite, log=print, device: str | None = None) -> dict[str, float]:
     """Train one run in a subprocess with one torch thread (resuming its own checkpoints), then evaluate its
     export on the shared suite in this process; returns flat metrics (``<benchmark>/<metric>``,
-    ``summary/<group>``, ``train/samples_per_s``)."""
+    ``summary/<group>``, ``train/samples_per_s``). ``device``: the GPU the training sees (``CUDA_VISIBLE_DEVICES``;
+    :class:`DeviceSlots`); None leaves the environment's."""
     from components import evaluate
     from components.shared.params import EvalModelSpec
 
@@ -302,6 +336,8 @@ def train_and_evaluate(run: Run, suite: Suite, log=print) -> dict[str, float]:
     path = run.dir / "train.yaml"
     atomic_write_bytes(path, yaml.safe_dump(run.train.model_dump(mode="json"), sort_keys=False).encode())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
     started = time.time()
     with open(run.dir / "train.log", "ab") as out:  # appended: a resumed run's log keeps what the killed one said
         out.write(f"\n=== compare: training {run.label} ===\n".encode())
@@ -372,9 +408,11 @@ def execute_in_threads(runs: list[Run], suite: Suite, parallel: int) -> dict[str
     one-thread training subprocess, then an evaluation in this process); run label -> metrics."""
     results: dict[str, dict[str, float]] = {}
     bar = tqdm(total=len(runs), desc="compare", unit="run", dynamic_ncols=True)
+    slots = DeviceSlots(parallel)
 
     def one(r: Run) -> None:
-        results[r.label] = train_and_evaluate(r, suite, log=bar.write)
+        with slots.take() as device:
+            results[r.label] = train_and_evaluate(r, suite, log=bar.write, device=device)
         bar.update(1)
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:

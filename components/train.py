@@ -263,7 +263,7 @@ def setup(params: TrainParams, stage: str) -> Run:
                          f"Remove {ckpt_dir} to start this run afresh.")
     resuming = resume_tag is not None
     if resuming:
-        check_resumable_launch(ckpt_dir / resume_tag, world, ds_config)
+        check_resumable_launch(ckpt_dir / resume_tag, world)
 
     random.seed(params.seed)
     np.random.seed(params.seed)
@@ -350,17 +350,17 @@ def setup(params: TrainParams, stage: str) -> Run:
                dict(resumed_figures.get("losses", {})), curves, started)
 
 
-def check_resumable_launch(checkpoint: Path, world: int, ds_config: dict) -> None:
-    """A checkpoint written by another number of processes resumes where its optimiser state is whole: ZeRO 0 keeps
-    one copy of it. ZeRO 1 and 2 keep a shard per process; DeepSpeed's re-splitting of them (its elastic layout) did
-    not give back the optimiser's exact state here (docs/gpus.md), so that relaunch refuses, keeping everything."""
-    was = launch_of(checkpoint).get("processes")
-    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
-    if was is None or was == world or stage == 0:
+def check_resumable_launch(checkpoint: Path, world: int) -> None:
+    """A checkpoint written by another number of processes resumes where its optimiser state is whole: ZeRO 0 in fp32
+    keeps one copy. ZeRO 1 and 2, and DeepSpeed's bf16 optimiser at any stage, keep a shard per process
+    (``*zero_pp_rank_<r>_*optim_states.pt``); DeepSpeed's re-splitting of them (its elastic layout) did not give back
+    the optimiser's exact state here (docs/gpus.md), so that relaunch refuses, keeping everything."""
+    shards = len(list(checkpoint.glob("*zero_pp_rank_*_optim_states.pt")))
+    if not shards or shards == world:
         return
-    raise CorruptFileError(f"{checkpoint} was written by {was} processes with ZeRO stage {stage}, whose optimiser state is split "
-                           f"{was} ways; this run has {world}. Relaunch on {was} processes (--set processes={was} or the "
-                           f"launcher's count) to resume it, or train on ZeRO 0, which resumes on any number (nothing was changed)")
+    raise CorruptFileError(f"{checkpoint} holds an optimiser state split {shards} ways (ZeRO 1/2 or bf16, one shard per process); "
+                           f"this run has {world} processes. Relaunch on {shards} processes (--set processes={shards} or the "
+                           "launcher's count) to resume it; a run on ZeRO 0 in fp32 resumes on any number (nothing was changed)")
 
 
 def synchronise_batch_norm(model: torch.nn.Module, world: int, cuda: bool, main: bool) -> torch.nn.Module:

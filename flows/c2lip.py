@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -293,18 +292,21 @@ CompareOverrides = partial_model(PARAM_MODELS["compare"])
 
 
 @task(cache_policy=NO_CACHE, retries=1, task_run_name="{run.arm} seed {run.seed}")
-def compare_run(run, suite, gate: threading.Semaphore) -> dict[str, float]:
+def compare_run(run, suite, gate) -> dict[str, float]:
     """Train one arm for one seed (subprocess, one thread) and evaluate it; a retry resumes its checkpoints.
-    ``gate`` holds back all but ``parallel`` runs (every task is submitted at once)."""
+    ``gate`` (compare.DeviceSlots) holds back all but ``parallel`` runs (every task is submitted at once) and gives each
+    a GPU of the machine when it has some."""
     from components import compare
 
-    with gate:
-        return compare.train_and_evaluate(run, suite, log=get_run_logger().info)
+    with gate.take() as device:
+        return compare.train_and_evaluate(run, suite, log=get_run_logger().info, device=device)
 
 
 def execute_as_tasks(runs, suite, parallel: int) -> dict[str, dict[str, float]]:
     """compare.run's executor inside the flow: each run a Prefect task, ``parallel`` running at once."""
-    gate = threading.BoundedSemaphore(parallel)
+    from components import compare
+
+    gate = compare.DeviceSlots(parallel)
     futures = {run.label: compare_run.submit(run, suite, gate) for run in runs}
     return {label: future.result() for label, future in futures.items()}
 

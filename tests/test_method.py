@@ -405,11 +405,13 @@ def _make(name, seed=0):
     return TrainingModule(model, loss), tokenizer
 
 
-def _worker(rank, world, port, name, out_dir):
+def _worker(rank, world, port, name, out_dir, batch_norm_frozen=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     module, tokenizer = _make(name)
+    if batch_norm_frozen:  # normalise by the running statistics (eval mode) rather than by the micro-batch's
+        _freeze_batch_norm(module)
     ddp = torch.nn.parallel.DistributedDataParallel(module)
     images, texts = _images(), tokenizer([f"caption {i}" for i in range(6)])
     half = slice(rank * 3, rank * 3 + 3)  # rank 0: images 0-2 (5 phrases), rank 1: 3-5 (3 phrases)
@@ -422,10 +424,21 @@ def _worker(rank, world, port, name, out_dir):
     torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize("name", [TINY_SIGLIP, TINY_CLIP])
-def test_two_processes_match_one_process_on_the_global_batch(tmp_path, name):
-    mp.spawn(_worker, args=(2, free_port(), name, str(tmp_path)), nprocs=2, join=True)
+def _freeze_batch_norm(module):
+    for layer in module.modules():
+        if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm):
+            layer.eval()
+
+
+@pytest.mark.parametrize("name, batch_norm_frozen", [(TINY_SIGLIP, False), (TINY_CLIP, False), (TINY_RN, True)])
+def test_two_processes_match_one_process_on_the_global_batch(tmp_path, name, batch_norm_frozen):
+    """LayerNorm towers (the ViTs): 2 ranks compute what 1 process computes. The default ResNet does too once its
+    BatchNorm layers normalise by running statistics; in training mode BatchNorm normalises by each rank's micro-batch,
+    which only SyncBatchNorm (GPUs; the train stage converts) makes global (next test)."""
+    mp.spawn(_worker, args=(2, free_port(), name, str(tmp_path), batch_norm_frozen), nprocs=2, join=True)
     module, tokenizer = _make(name)
+    if batch_norm_frozen:
+        _freeze_batch_norm(module)
     loss, grads = _loss_and_grads(module, _images(), tokenizer([f"caption {i}" for i in range(6)]), concept_batch(PHRASES, tokenizer))
     for rank in (0, 1):
         result = torch.load(tmp_path / f"rank{rank}.pt")
@@ -433,6 +446,16 @@ def test_two_processes_match_one_process_on_the_global_batch(tmp_path, name):
         assert result["grads"].keys() == grads.keys() and len(grads) == len(list(module.parameters()))
         for n, g in grads.items():
             assert _close(result["grads"][n], g), (rank, n, (result["grads"][n] - g).abs().max())
+
+
+def test_the_default_resnet_in_training_mode_differs_between_two_cpu_processes_and_one(tmp_path):
+    """What the train stage's warning says on CPU: per-rank BatchNorm statistics change the loss (gloo has no
+    SyncBatchNorm). Should this start to hold, the warning and docs/gpus.md are wrong."""
+    mp.spawn(_worker, args=(2, free_port(), TINY_RN, str(tmp_path)), nprocs=2, join=True)
+    module, tokenizer = _make(TINY_RN)
+    loss, _ = _loss_and_grads(module, _images(), tokenizer([f"caption {i}" for i in range(6)]), concept_batch(PHRASES, tokenizer))
+    result = torch.load(tmp_path / "rank0.pt")
+    assert abs(float(result["loss"]) - float(loss)) > 1e-3 * abs(float(loss))
 
 
 def test_a_batch_without_phrases_has_zero_concept_terms_and_still_trains():

@@ -1,13 +1,24 @@
 """Training on many processes: every method's loss at 1, 2 and 4 ranks (the same global batch) gives the same terms
 and gradients; the launchers' environments; the logit-scale bound; BatchNorm across ranks."""
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import free_port
+from conftest import HANG_S, REPO, free_port, tiny_training_data
+from test_train import tiny_train, write_params
 
 from components.method.losses import C2LIPLoss, CLICLoss, ContrastiveLoss, HardExampleLoss
+from components.shared import checkpoints
+from components.shared.params import ParamsError
 
 # --------------------------------------------------------------------------------------------------
 # every method's loss: 1 vs 2 vs 4 ranks on one global batch
@@ -179,3 +190,273 @@ def test_the_logit_scale_bound_holds_in_the_optimizer_master_under_zero1(tmp_pat
         assert float(before["master"]) > 0.7 + 0.5, "the master did not drift past the bound: the test no longer shows the fault"
         after = torch.load(tmp_path / f"bounded-{rank}.pt")
         assert float(after["master"]) <= 0.7 + 1e-6 and float(after["module"]) <= 0.7 + 1e-6
+
+
+# --------------------------------------------------------------------------------------------------
+# the launchers a user would use (real runs of the train stage, 2 ranks on 127.0.0.1)
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    return tiny_training_data(tmp_path_factory.mktemp("scale_data"), test_images=8)
+
+
+@pytest.fixture
+def launch_env(tmp_path) -> dict:
+    """The environment of a shell that starts a launcher: no rank variables of this process, a run marker that every
+    process it starts inherits (to find the ranks), MLflow in the test's folder."""
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES and not k.startswith("SLURM_")}
+    return {**env, "HF_HUB_OFFLINE": "1", MARK: uuid.uuid4().hex, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "C2LIP_MLFLOW_ARTIFACTS": str(tmp_path / "artifacts")}
+
+
+RANK_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK"}
+MARK = "C2LIP_TEST_LAUNCH_MARK"
+
+
+def _params(tmp_path: Path, data: Path, out: Path, **overrides) -> Path:
+    cfg = tiny_train(data, out, **{"processes": 2, "global_batch": 8, "micro_batch": 4, "steps": 2, "checkpoint_every": 2,
+                                   "zero_shot_eval": False, "deepspeed_config": str(REPO / "infra" / "deepspeed" / "zero0_fp32.json"),
+                                   **overrides})
+    return write_params(tmp_path / f"{out.name}.yaml", cfg)
+
+
+def _train_module(params: Path) -> list[str]:
+    return ["-m", "components.train", "--params", str(params)]
+
+
+def _finished(out: Path, steps: int = 2, processes: int = 2) -> None:
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == steps and metrics["final_loss"] > 0
+    assert (out / "export" / "open_clip_model.safetensors").is_file()
+    tag = (out / "checkpoints" / "latest").read_text().strip()
+    assert checkpoints.launch_of(out / "checkpoints" / tag) == {"processes": processes, "micro_batch": 4}
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes whose environment carries ``mark`` (a launcher's ranks and workers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if f"{MARK}={mark}".encode() in f.read().split(b"\0"):
+                        with open(f"/proc/{entry}/stat") as stat:
+                            if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                                found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _both(commands: list[tuple[list[str], dict]], cwd=REPO) -> list[subprocess.CompletedProcess]:
+    """Run the commands side by side (the nodes of one run) and wait for all."""
+    procs = [subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for cmd, env in commands]
+    outputs = [p.communicate(timeout=HANG_S)[0] for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, out, "") for p, out in zip(procs, outputs, strict=True)]
+
+
+@pytest.mark.slow
+def test_the_deepspeed_launcher_on_one_node_and_on_two_nodes_without_ssh(tiny_data, tmp_path, launch_env):
+    deepspeed = str(Path(sys.executable).parent / "deepspeed")
+    one = tmp_path / "one-node"
+    done = subprocess.run([deepspeed, "--num_gpus", "2", "--module", *_train_module(_params(tmp_path, tiny_data, one))[1:]],
+                          cwd=REPO, env=launch_env, capture_output=True, text=True, timeout=HANG_S)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    _finished(one)
+    # the default ResNet has BatchNorm: the run says once that CPU processes normalise per rank
+    assert (done.stdout + done.stderr).count("cannot synchronise them") == 1
+
+    # two "nodes" of one process each, started on each node with --no_ssh and its --node_rank (docs/gpus.md)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
+    two, port = tmp_path / "two-nodes", free_port()
+    params = _params(tmp_path, tiny_data, two)
+    runs = _both([([deepspeed, "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(node), "--master_addr", "127.0.0.1",
+                    "--master_port", str(port), "--module", *_train_module(params)[1:]], launch_env) for node in (0, 1)])
+    assert all(r.returncode == 0 for r in runs), "\n".join(r.stdout[-2000:] for r in runs)
+    _finished(two)
+
+
+@pytest.mark.slow
+def test_torchrun_across_two_nodes_with_c10d_rendezvous(tiny_data, tmp_path, launch_env):
+    out, port = tmp_path / "torchrun", free_port()
+    params = _params(tmp_path, tiny_data, out)
+    runs = _both([([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+                    "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "c2lip-test", *_train_module(params)], launch_env)
+                  for _ in (0, 1)])
+    assert all(r.returncode == 0 for r in runs), "\n".join(r.stdout[-2000:] for r in runs)
+    _finished(out)
+
+
+@pytest.mark.slow
+def test_srun_tasks_train_as_ranks_and_nodes_that_see_other_checkpoints_stop_at_once(tiny_data, tmp_path, launch_env):
+    """Two tasks of an srun job step (the variables SLURM sets, no MASTER_ADDR exported: the first host of the step's
+    node list); ZeRO 2, so each rank writes its optimiser shard. Then the relaunches that must not train."""
+    out = tmp_path / "srun"
+    params = _params(tmp_path, tiny_data, out, deepspeed_config=str(REPO / "infra" / "deepspeed" / "zero2_fp32.json"))
+
+    def task(rank: int, extra: list[str] = ()) -> tuple[list[str], dict]:
+        slurm = {"SLURM_JOB_ID": str(4000 + free_port() % 1000), "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2",
+                 "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0", "SLURM_NODEID": str(rank), "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+                 "SLURM_STEP_NODELIST": "127.0.0.1,localhost", "MASTER_PORT": str(port)}
+        return [sys.executable, *_train_module(params), *extra], {**launch_env, **slurm}
+
+    port = free_port()
+    runs = _both([task(0), task(1)])
+    assert all(r.returncode == 0 for r in runs), "\n".join(r.stdout[-2000:] for r in runs)
+    _finished(out)
+    checkpoint = out / "checkpoints" / "step00000002"
+    assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= {p.name for p in checkpoint.iterdir()}
+    before = {p.name: p.read_bytes() for p in checkpoint.iterdir()}
+
+    # a node that sees another output folder (no shared filesystem): both ranks stop before training, naming it
+    port = free_port()
+    runs = _both([task(0), task(1, ["--set", f"output_dir={tmp_path / 'elsewhere'}"])])
+    assert all(r.returncode == 2 for r in runs) and all("Every node must see the same output_dir" in r.stdout for r in runs), \
+        "\n".join(r.stdout[-2000:] for r in runs)
+
+    # one process on a checkpoint whose optimiser is split two ways (ZeRO 2): refused, every file kept
+    alone = subprocess.run([sys.executable, *_train_module(params), "--set", "processes=1"], cwd=REPO, env=launch_env,
+                           capture_output=True, text=True, timeout=HANG_S)
+    assert alone.returncode == 2 and "Relaunch on 2 processes" in alone.stderr, alone.stderr[-2000:]
+    assert {p.name: p.read_bytes() for p in checkpoint.iterdir()} == before
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_leaves_no_rank_and_a_relaunch_on_one_process_resumes_its_step(tiny_data, tmp_path, launch_env):
+    """The stage re-launches itself under torchrun (processes: 2, ZeRO 0); kill -9 of its process group (torchrun's
+    ranks run in sessions of their own) must take the ranks down; a relaunch on one process (a lost node) goes on
+    from the last checkpoint, deleting nothing."""
+    out = tmp_path / "killed"
+    params = _params(tmp_path, tiny_data, out, steps=6)
+    stage = subprocess.Popen([sys.executable, *_train_module(params)], cwd=REPO, env=launch_env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = out / "checkpoints" / "step00000002" / "_checksums.json"
+    deadline = time.monotonic() + HANG_S
+    while time.monotonic() < deadline and stage.poll() is None and not first.is_file():
+        time.sleep(0.05)
+    ranks = _marked(launch_env[MARK])
+    os.killpg(stage.pid, signal.SIGKILL)
+    stage.wait()
+    assert first.is_file() and not (out / "export").exists(), "the run was not killed between its first checkpoint and its end"
+    assert len(ranks) >= 3  # the stage, torchrun and its two ranks (and loader workers)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _marked(launch_env[MARK]):
+        time.sleep(0.2)
+    assert not _marked(launch_env[MARK]), "processes of the killed run are still alive"
+
+    resumed = subprocess.run([sys.executable, *_train_module(params), "--set", "processes=1"], cwd=REPO, env=launch_env,
+                             capture_output=True, text=True, timeout=HANG_S)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and "written by 2 process(es)" in resumed.stderr
+    resumed_at = int(resumed.stderr.split("resumed from", 1)[1].split("at step", 1)[1].split()[0])
+    assert resumed_at >= 2 and "starting afresh" not in resumed.stderr
+    _finished(out, steps=6, processes=1)
+    curve = json.loads((out / "loss.json").read_text())["loss"]
+    assert [p["step"] for p in curve] == [1, 2, 3, 4, 5, 6]
+
+
+# --------------------------------------------------------------------------------------------------
+# compare on a machine with several GPUs: a device per run
+# --------------------------------------------------------------------------------------------------
+
+
+def test_compare_deals_its_runs_over_the_gpus_and_each_training_sees_only_its_own(monkeypatch, tmp_path):
+    import threading
+
+    from components import compare
+
+    seen, lock, running, most = [], threading.Lock(), {}, {}
+
+    def fake_call(args, log, cwd=None, env=None):  # the training subprocess: record the device it would see
+        with lock:
+            device = env.get("CUDA_VISIBLE_DEVICES")
+            seen.append(device)
+            running[device] = running.get(device, 0) + 1
+            most[device] = max(most.get(device, 0), running[device])
+        time.sleep(0.05)
+        with lock:
+            running[device] -= 1
+        return 1  # stops train_and_evaluate there: only the environment is under test
+
+    monkeypatch.setattr(compare, "call_logged", fake_call)
+    monkeypatch.setattr(compare, "finished", lambda run, suite: None)
+    monkeypatch.setattr(compare, "visible_gpus", lambda: ["0", "1", "2"])
+
+    class FakeRun:
+        def __init__(self, k):
+            self.label, self.arm, self.dir = f"arm/seed{k}", "arm", tmp_path / f"run{k}"
+            self.train = type("T", (), {"model_dump": lambda self, mode: {}})()
+
+    with pytest.raises(RuntimeError, match="training failed"):
+        compare.execute_in_threads([FakeRun(k) for k in range(6)], None, parallel=3)
+    # parallel 3 on 3 GPUs: every run on one GPU, never two on one GPU at once
+    assert set(seen) <= {"0", "1", "2"} and len(seen) >= 1 and all(n == 1 for n in most.values())
+    # more places than GPUs: dealt in turn; no GPUs: the environment is left alone
+    slots = compare.DeviceSlots(5, ["a", "b"])
+    assert sorted(slots._free.get() for _ in range(5)) == ["a", "a", "a", "b", "b"]
+    assert compare.DeviceSlots(2, [])._free.get() is None
+
+
+# --------------------------------------------------------------------------------------------------
+# launcher environments, overrides, the variables other nodes need (no processes)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_launcher_environments_map_to_torchs_rendezvous():
+    from components.shared.distributed import adopt_launcher_environment
+
+    deepspeed = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "CROSS_RANK": "1"}
+    assert adopt_launcher_environment(deepspeed) == "deepspeed" and deepspeed["LOCAL_WORLD_SIZE"] == "2"
+    assert adopt_launcher_environment({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}) == "torchrun"
+    # srun: 3 tasks, 2 on the first node and 1 on the second; this is the third
+    srun = {"SLURM_STEP_NUM_TASKS": "3", "SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_JOB_ID": "123",
+            "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_STEP_NODELIST": "gpu07,gpu08"}
+    assert adopt_launcher_environment(srun) == "slurm"
+    assert {k: srun[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == \
+        {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "gpu07"}
+    assert srun["MASTER_PORT"] == str(20000 + 123)
+    packed = {"SLURM_STEP_NUM_TASKS": "16", "SLURM_PROCID": "9", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "8(x2)",
+              "SLURM_STEP_NODELIST": "gpu[01-02]", "MASTER_ADDR": "gpu01"}
+    assert adopt_launcher_environment(packed) == "slurm" and packed["LOCAL_WORLD_SIZE"] == "8" and packed["MASTER_ADDR"] == "gpu01"
+    with pytest.raises(ParamsError, match="export MASTER_ADDR"):  # a compressed node list needs scontrol: say how
+        adopt_launcher_environment({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "SLURM_STEP_NODELIST": "gpu[01-02]"})
+    # a batch script (no step of several tasks) is not a launcher: the stage launches itself
+    assert adopt_launcher_environment({"SLURM_PROCID": "0", "SLURM_JOB_ID": "5"}) is None
+
+
+def test_set_overrides_a_value_for_one_launch_and_names_a_bad_one(tmp_path):
+    from components.shared.params import load_params
+
+    path = write_params(tmp_path / "p.yaml", tiny_train(tmp_path, tmp_path / "out", global_batch=16, micro_batch=8))
+    params = load_params("train", path, ["micro_batch=4", "processes=4", "data.workers=3"])
+    assert (params.micro_batch, params.processes, params.data.workers) == (4, 4, 3)
+    with pytest.raises(ParamsError, match="expected KEY=VALUE"):
+        load_params("train", path, ["micro_batch"])
+    with pytest.raises(ParamsError, match=r"(?s)with --set micro_batch=-1.*micro_batch: Input should be greater"):
+        load_params("train", path, ["micro_batch=-1"])
+
+
+def test_deepspeed_env_forwards_what_other_nodes_need_to_its_owner_only(tmp_path):
+    from components.shared.distributed import DEEPSPEED_ENV_FILE, write_deepspeed_env
+
+    names = write_deepspeed_env(tmp_path, {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "HF_HUB_OFFLINE": "1", "C2LIP_PYFUNC_MAX_ROWS": "64",
+                                           "HOME": "/root", "PATH": "/bin"})
+    assert names == ["C2LIP_PYFUNC_MAX_ROWS", "HF_HUB_OFFLINE", "MLFLOW_TRACKING_URI"]
+    path = tmp_path / DEEPSPEED_ENV_FILE
+    assert path.read_text().splitlines() == ["C2LIP_PYFUNC_MAX_ROWS=64", "HF_HUB_OFFLINE=1", "MLFLOW_TRACKING_URI=http://mlflow:5000"]
+    assert path.stat().st_mode & 0o077 == 0
+
+
+def test_the_train_stage_accepts_the_deepspeed_launchers_local_rank_argument(tmp_path, monkeypatch):
+    from components import train
+
+    monkeypatch.setattr(train, "adopt_launcher_environment", lambda: None)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    # a params file that fails validation: the parser got past --local_rank and the stage stopped at the params
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: -1\n")
+    assert train.main(["--local_rank=1", "--params", str(bad)]) == 2
+    assert os.environ["LOCAL_RANK"] == "1"

@@ -183,3 +183,22 @@ def launch(module: str, args: list[str], processes: int) -> int | None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m components.shared.distributed deepspeed-env``: write .deepspeed_env for a multi-node deepspeed launch."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Helpers of a multi-node launch.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    env = sub.add_parser("deepspeed-env", help=f"write {DEEPSPEED_ENV_FILE} in --to (the folder deepspeed is started from): the "
+                                               "variables of this shell the ranks on other nodes need")
+    env.add_argument("--to", default=".", help="folder (default: the current one)")
+    args = parser.parse_args(argv)
+    names = write_deepspeed_env(args.to)
+    print(f"{os.path.join(args.to, DEEPSPEED_ENV_FILE)}: {', '.join(names) or 'no variable to forward'} (readable by you only)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
