@@ -11,8 +11,13 @@
    CPU time of the rank's process (not wall time: 4 ranks share 2 cores here), the median of ``--steps`` steps after
    one warm-up. Both give the same loss and gradients (tests/test_scale_out.py).
 2. Counted: the FLOPs of L_xac per rank and step (forward + backward ≈ 3 × the forward's two [M, K, J, D] products) and
-   the image-token bytes a rank gathers, at the paper's 96 images per GPU (5 phrases each, 196 tokens, width 768) on
-   8 and 64 GPUs, both ways.
+   the image-token bytes a rank gathers (bf16 towers), at the paper's 96 images per GPU (5 phrases each, 196 tokens,
+   width 768) on 1, 8 and 64 GPUs, both ways.
+3. Modelled, not measured: per-GPU samples/s of SigLIP and C2LIP at 1, 8 and 64 GPUs × 96, before and after, from the
+   one-GPU figures measured on an H200 (docs/performance.md "GPU figures": SigLIP 625, C2LIP 405 samples/s at batch
+   96) plus L_xac's extra FLOPs at W GPUs run at an assumed ``--xac-tflops`` (fp32, no tensor cores). Gradient
+   all-reduce and the contrastive loss's gathered B² term are left out (the same for both methods, and small beside a
+   ViT-B step at these sizes).
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=49, help="image tokens (7 × 7)")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--xac-tflops", type=float, default=25.0, help="the model's assumed fp32 rate of L_xac on the GPU")
     args = parser.parse_args()
     print(f"# CPU ({os.cpu_count()} cores), gloo, 1 thread per rank; per rank: {args.images} images, {args.per_image} phrases each, "
           f"{args.tokens} tokens, width {args.width}; CPU seconds per step of L_npc + L_xac (forward + backward), median of {args.steps}")
@@ -110,8 +116,19 @@ def main() -> int:
     for gpus in (1, 8, 64):
         before = xac_flops(m * gpus, m * per * gpus, j, d)
         now = xac_flops(m, m * per * gpus, j, d)
-        gathered = m * gpus * j * d * 4
+        gathered = m * gpus * j * d * 2 if gpus > 1 else 0
         print(f"{gpus:>5} {before / 1e12:>13.2f} {now / 1e12:>15.2f} {gathered / 1e9:>23.2f} GB {0:>9} GB")
+
+    siglip, c2lip = 625.0, 405.0  # samples/s at 96 on one H200 (measured; docs/performance.md)
+    print(f"\n# MODELLED per-GPU samples/s at 96 per GPU: one-H200 figures (SigLIP {siglip:.0f}, C2LIP {c2lip:.0f}) + L_xac's extra "
+          f"FLOPs at {args.xac_tflops:g} TFLOP/s (assumed)")
+    print(f"{'GPUs':>5} {'SigLIP':>7} {'C2LIP before':>13} {'C2LIP now':>10} {'C2LIP total now':>16}")
+    one_step, base_xac = m / c2lip, xac_flops(m, m * per, j, d)
+    for gpus in (1, 8, 64):
+        extra_before = (xac_flops(m * gpus, m * per * gpus, j, d) - base_xac) / (args.xac_tflops * 1e12)
+        extra_now = (xac_flops(m, m * per * gpus, j, d) - base_xac) / (args.xac_tflops * 1e12)
+        before, now = m / (one_step + extra_before), m / (one_step + extra_now)
+        print(f"{gpus:>5} {siglip:>7.0f} {before:>13.0f} {now:>10.0f} {now * gpus:>16,.0f}")
     return 0
 
 

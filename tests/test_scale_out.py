@@ -152,7 +152,7 @@ class _ScaleModel(torch.nn.Module):
         return self.weight(x).pow(2).mean() - self.model.logit_scale.sum()
 
 
-def _bound_rank(rank, world, port, out_dir, bounded):
+def _bound_rank(rank, world, port, out_dir):
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param
 
@@ -163,28 +163,28 @@ def _bound_rank(rank, world, port, out_dir, bounded):
     prepare_deepspeed_comm(1)  # torch's all-reduce instead of compiling DeepSpeed's shared-memory op
     deepspeed.init_distributed("gloo")
     torch.set_num_threads(1)
-    module = _ScaleModel()
-    optimizer = torch.optim.AdamW(module.parameters(), lr=0.5)
-    config = {"train_batch_size": 2 * world, "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
-              "zero_allow_untested_optimizer": True}
-    engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
-    bound = 0.7  # ln 2: the scale starts at ln 7.4 and is pushed up
-    for _ in range(3):
-        engine.backward(engine(torch.randn(2, 4)))
-        engine.step()
-        if bounded:
-            bound_logit_scale(engine, bound)
-        else:  # the module's copy alone, as the loop did before
-            with torch.no_grad():
-                engine.module.model.logit_scale.clamp_(0, bound)
-    master = safe_get_full_fp32_param(engine.module.model.logit_scale)
-    torch.save({"master": master, "module": engine.module.model.logit_scale.detach().clone()},
-               os.path.join(out_dir, f"{'bounded' if bounded else 'module-only'}-{rank}.pt"))
+    bound = 0.7  # ln 2: the scale starts at 2.0 (ln 7.4) and the loss pushes it up
+    for bounded in (False, True):
+        module = _ScaleModel()
+        optimizer = torch.optim.AdamW(module.parameters(), lr=0.5)
+        config = {"train_batch_size": 2 * world, "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
+                  "zero_allow_untested_optimizer": True}
+        engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+        for _ in range(3):
+            engine.backward(engine(torch.randn(2, 4)))
+            engine.step()
+            if bounded:
+                bound_logit_scale(engine, bound)
+            else:  # the module's copy alone, as the loop did before
+                with torch.no_grad():
+                    engine.module.model.logit_scale.clamp_(0, bound)
+        master = safe_get_full_fp32_param(engine.module.model.logit_scale)
+        torch.save({"master": master, "module": engine.module.model.logit_scale.detach().clone()},
+                   os.path.join(out_dir, f"{'bounded' if bounded else 'module-only'}-{rank}.pt"))
 
 
 def test_the_logit_scale_bound_holds_in_the_optimizer_master_under_zero1(tmp_path):
-    for bounded in (False, True):
-        mp.spawn(_bound_rank, args=(2, free_port(), str(tmp_path), bounded), nprocs=2, join=True)
+    mp.spawn(_bound_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):
         before = torch.load(tmp_path / f"module-only-{rank}.pt")
         assert float(before["master"]) > 0.7 + 0.5, "the master did not drift past the bound: the test no longer shows the fault"
@@ -308,7 +308,9 @@ def test_srun_tasks_train_as_ranks_and_nodes_that_see_other_checkpoints_stop_at_
     assert all(r.returncode == 0 for r in runs), "\n".join(r.stdout[-2000:] for r in runs)
     _finished(out)
     checkpoint = out / "checkpoints" / "step00000002"
-    assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= {p.name for p in checkpoint.iterdir()}
+    # ZeRO 2: each rank holds its own optimiser shard, and its own RNG state
+    assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+            "rng_rank0.pt", "rng_rank1.pt"} <= {p.name for p in checkpoint.iterdir()}
     before = {p.name: p.read_bytes() for p in checkpoint.iterdir()}
 
     # a node that sees another output folder (no shared filesystem): both ranks stop before training, naming it
