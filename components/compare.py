@@ -17,10 +17,8 @@ separately, every benchmark's headline), ``compare.png``, ``compare.json``, and 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import queue
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +33,7 @@ from tqdm import tqdm
 
 from components.data.shapesworld_grammar import parse_object_phrase
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
+from components.shared.devices import DeviceSlots
 from components.shared.owned_outputs import ForeignFilesError, one_writer
 from components.shared.params import (
     ROOT,
@@ -289,36 +288,6 @@ def finished(run: Run, suite: Suite) -> dict[str, float] | None:
 
 # What the report keeps of each run's train metrics (components.train's final figures): throughput and its columns
 TRAIN_FIGURES = ("samples_per_s", "curves_share", *(key for key, _ in TRAIN_COLUMNS))
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs); [] without CUDA."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    named = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return named or [str(i) for i in range(torch.cuda.device_count())]
-
-
-class DeviceSlots:
-    """``parallel`` places for runs, dealt over the machine's GPUs in turn (8 GPUs, parallel 8: one run per GPU;
-    parallel 16: two per GPU); on a machine without GPUs every place is the CPU (None). A run holds its place
-    while it trains, so no two runs of one place overlap beyond ``parallel`` / GPUs per GPU."""
-
-    def __init__(self, parallel: int, gpus: list[str] | None = None):
-        gpus = visible_gpus() if gpus is None else gpus
-        self._free: queue.Queue = queue.Queue()
-        for k in range(parallel):
-            self._free.put(gpus[k % len(gpus)] if gpus else None)
-
-    @contextlib.contextmanager
-    def take(self):
-        device = self._free.get()
-        try:
-            yield device
-        finally:
-            self._free.put(device)
 
 
 def train_and_evaluate(run: Run, suite: Suite, log=print, device: str | None = None) -> dict[str, float]:

@@ -61,33 +61,34 @@ from components.shared.atomic import CorruptFileError, atomic_write_bytes, atomi
 from components.shared.checkpoints import (
     EXPORT_CONFIG,
     HISTORY_FILE,
-    RNG_FILE,
+    CheckpointsDisagree,
+    agree_on_start,
     check_export,
+    check_resumable_launch,
     check_weights_file,
     export_model,
-    intact_checkpoint,
-    launch_of,
-    only_unfinished,
-    remove_checkpoints,
+    resume_or_start,
     save_checkpoint,
-    set_rng_state,
+    start_state,
 )
 from components.shared.devices import batch_to_model
 from components.shared.distributed import (
     adopt_launcher_environment,
+    bound_logit_scale,
     deepspeed_config,
     launch,
     local_world_size,
     prepare_deepspeed_comm,
+    synchronise_batch_norm,
     world_size_for,
 )
 from components.shared.model_card import CARD_FILE, card_facts, model_card
-from components.shared.params import ParamsError, TrainParams, flatten_params, load_params
+from components.shared.params import ParamsError, TrainParams, load_params
 from components.shared.processes import die_with_parent, stage_process_setup
 from components.shared.reports import plot_losses
-from components.shared.safe_load import UnsafeCheckpointError, guard_deepspeed_loads, load_torch_file
+from components.shared.safe_load import UnsafeCheckpointError, guard_deepspeed_loads
 from components.shared.stage_code import stage_code
-from components.shared.tracking import use_experiment, where_to_watch
+from components.shared.tracking import start_training_run
 from components.shared.written import recording_outputs
 from components.suite.zero_shot_probe import ShapesWorldZeroShot
 
@@ -152,53 +153,6 @@ def run_fingerprint(params: TrainParams, shards: list[str]) -> str:
     return fingerprint({"params": payload, "shards": shards, **inputs_identity(params, shards)}, stage_code("components.train"))
 
 
-@dataclass(frozen=True)
-class StartState:
-    """What a rank reads from the output folder to decide where the run starts; every rank must read the same."""
-
-    same_run: bool  # the fingerprint file matches these params
-    resume_tag: str | None  # the newest intact checkpoint (when same_run)
-    damaged: tuple[str, ...]
-    unfinished: bool  # only checkpoints whose save never finished (a kill during the first one)
-
-
-def start_state(params: TrainParams, current: str) -> StartState:
-    ckpt_dir, fp_file = params.output_dir / "checkpoints", params.output_dir / "_fingerprint.json"
-    same_run = fp_file.is_file() and json.loads(fp_file.read_text()).get("fingerprint") == current
-    resume_tag, damaged = intact_checkpoint(ckpt_dir) if same_run else (None, [])
-    unfinished = same_run and resume_tag is None and only_unfinished(ckpt_dir)
-    return StartState(same_run and not unfinished, resume_tag, tuple(damaged), unfinished)
-
-
-def agree_on_start(state: StartState, output_dir: Path) -> None:
-    """Every rank decides from the same files, or none trains: a node that sees other checkpoints (no shared
-    filesystem) would start afresh while the others resume, and the collectives would wait forever."""
-    world = dist.get_world_size()
-    if world == 1:
-        return
-    views: list = [None] * world
-    dist.all_gather_object(views, (os.uname().nodename, state))
-    if any(view[1] != views[0][1] for view in views):
-        seen = "; ".join(f"rank {r} on {host}: " + (f"resume {s.resume_tag}" if s.resume_tag else "no checkpoint to resume")
-                         for r, (host, s) in enumerate(views))
-        raise CheckpointsDisagree(f"the ranks see different checkpoints in {output_dir} ({seen}). Every node must see the same "
-                                  "output_dir: put it on a filesystem the nodes share (NFS, Lustre, a mounted bucket); "
-                                  "nothing was changed")
-
-
-class CheckpointsDisagree(RuntimeError):
-    pass
-
-
-def start_mlflow(params: TrainParams, stage: str):
-    mlflow = use_experiment(params.mlflow_experiment)
-    run = mlflow.start_run(run_name=f"{stage}-{params.preset}-{params.method.name}", log_system_metrics=True)
-    mlflow.log_params(flatten_params(params))
-    mlflow.set_tags({"stage": stage, "method": params.method.name, "preset": params.preset})
-    print(f"{stage}: {where_to_watch(mlflow.get_tracking_uri(), run.info.experiment_id, run.info.run_id)}", file=sys.stderr, flush=True)
-    return mlflow, run
-
-
 @dataclass
 class Run:
     """One rank's training run, as :func:`setup` leaves it for :func:`loop` and :func:`save`."""
@@ -244,7 +198,7 @@ def setup(params: TrainParams, stage: str) -> Run:
     shards = expand_shards(params.data.shards)
     ckpt_dir = params.output_dir / "checkpoints"
     current = run_fingerprint(params, shards)
-    state = start_state(params, current)
+    state = start_state(params.output_dir, current)
     agree_on_start(state, params.output_dir)  # the first collective: before any rank acts on what it read
     # denormal floats (weights and gradients that decay towards 0) slow x86 matrix products several-fold;
     # flushing them to zero costs nothing measurable in accuracy (bench/train.py)
@@ -255,12 +209,7 @@ def setup(params: TrainParams, stage: str) -> Run:
     main = rank == 0
     ds_config = deepspeed_config(params, world, cuda)
     method = method_for(params.method.name)
-    same_run, resume_tag, damaged, unfinished = state.same_run, state.resume_tag, list(state.damaged), state.unfinished
-    if damaged and main:
-        log.warning("skipped damaged checkpoint(s): %s", "; ".join(damaged))
-    if same_run and damaged and resume_tag is None:
-        raise CorruptFileError(f"no intact checkpoint to resume from in {ckpt_dir}: {'; '.join(damaged)}. "
-                         f"Remove {ckpt_dir} to start this run afresh.")
+    resume_tag = state.resume_tag
     resuming = resume_tag is not None
     if resuming:
         check_resumable_launch(ckpt_dir / resume_tag, world)
@@ -287,30 +236,8 @@ def setup(params: TrainParams, stage: str) -> Run:
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
     guard_deepspeed_loads(engine)  # resumed checkpoints load as weights only: a crafted file runs no code
 
-    # resume, or start afresh when the checkpoints belong to other params
-    start_step, resumed_figures = 0, {}
-    if resuming:
-        _, client = engine.load_checkpoint(str(ckpt_dir), tag=resume_tag)
-        start_step = int(client["step"])
-        resumed_figures = client.get("figures", {})
-        rng_file = ckpt_dir / resume_tag / RNG_FILE.format(rank=rank)
-        if rng_file.is_file():
-            set_rng_state(load_torch_file(rng_file))
-        if main:
-            log.info("resumed from %s at step %d", ckpt_dir / resume_tag, start_step)
-            was = launch_of(ckpt_dir / resume_tag)
-            if was and (was["processes"], was["micro_batch"]) != (world, params.micro_batch):
-                log.info("the checkpoint was written by %d process(es) × micro-batch %d, this run has %d × %d: it goes on from "
-                         "step %d with the data order of a %d-process run (the loss sees %d samples per micro-step, was %d)",
-                         was["processes"], was["micro_batch"], world, params.micro_batch, start_step, world,
-                         world * params.micro_batch, was["processes"] * was["micro_batch"])
-    elif main:
-        if ckpt_dir.exists():
-            log.info("no checkpoint in %s was finished before the run stopped: starting afresh" if unfinished else
-                     "checkpoints in %s belong to other params: starting afresh", ckpt_dir)
-            remove_checkpoints(ckpt_dir)
-        fp_file = params.output_dir / "_fingerprint.json"
-        atomic_write_json(fp_file, {"fingerprint": current})
+    # resume (at this launch's shape), or start afresh when the checkpoints belong to other params
+    start_step, resumed_figures = resume_or_start(engine, params.output_dir, state, current, params.micro_batch)
     dist.barrier()
 
     phrases = load_phrases(params.data.concepts_dir) if needs_phrases(params) else None
@@ -328,7 +255,7 @@ def setup(params: TrainParams, stage: str) -> Run:
     if main and params.zero_shot_eval:
         test_shards = [s for pattern in params.test_shards for s in sorted(glob.glob(pattern))]
         zero_shot = ShapesWorldZeroShot(test_shards, transform_eval) if test_shards else None
-    tracker = start_mlflow(params, stage)[0] if main else None
+    tracker = start_training_run(params, stage) if main else None
     if main and start_step:
         tracker.set_tag("resumed_from_step", start_step)
     plot_points: list[dict] = []
@@ -348,34 +275,6 @@ def setup(params: TrainParams, stage: str) -> Run:
     return Run(params, stage, rank, main, device, engine, scheduler, tokenizer, iter(loader), accumulation, ckpt_dir,
                start_step, zero_shot, tracker, plot_points, resumed_figures.get("samples_per_s", 0.0),
                dict(resumed_figures.get("losses", {})), curves, started)
-
-
-def check_resumable_launch(checkpoint: Path, world: int) -> None:
-    """A checkpoint written by another number of processes resumes where its optimiser state is whole: ZeRO 0 in fp32
-    keeps one copy. ZeRO 1 and 2, and DeepSpeed's bf16 optimiser at any stage, keep a shard per process
-    (``*zero_pp_rank_<r>_*optim_states.pt``); DeepSpeed's re-splitting of them (its elastic layout) did not give back
-    the optimiser's exact state here (docs/gpus.md), so that relaunch refuses, keeping everything."""
-    shards = len(list(checkpoint.glob("*zero_pp_rank_*_optim_states.pt")))
-    if not shards or shards == world:
-        return
-    raise CorruptFileError(f"{checkpoint} holds an optimiser state split {shards} ways (ZeRO 1/2 or bf16, one shard per process); "
-                           f"this run has {world} processes. Relaunch on {shards} processes (--set processes={shards} or the "
-                           "launcher's count) to resume it; a run on ZeRO 0 in fp32 resumes on any number (nothing was changed)")
-
-
-def synchronise_batch_norm(model: torch.nn.Module, world: int, cuda: bool, main: bool) -> torch.nn.Module:
-    """BatchNorm normalises by its batch's statistics: on several GPUs they become the global batch's
-    (SyncBatchNorm), so every rank computes what one process would. gloo (CPU) cannot synchronise them: then each
-    rank normalises its own micro-batch, and the run says so once."""
-    if world == 1 or not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        return model
-    if cuda:
-        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    if main:
-        log.warning("this model has BatchNorm layers and %d CPU processes cannot synchronise them (SyncBatchNorm needs GPUs): "
-                    "each rank normalises by its own micro-batch, so the run differs from a one-process run (a model with "
-                    "LayerNorm, such as the ViTs, does not)", world)
-    return model
 
 
 def calibrate(model, params: TrainParams, shards: list[str], rank: int, world: int, transform, tokenizer, main: bool) -> None:
@@ -456,21 +355,6 @@ def loop(run: Run) -> None:
             if run.main:
                 atomic_write_json(params.plots_path, {"loss": run.plot_points})
     bar.close()
-
-
-def bound_logit_scale(engine, max_log_scale: float) -> None:
-    """The paper clamps the logit scale to [0, ln 100] after each step. Under ZeRO 1/2 or bf16 the optimiser steps an
-    fp32 master copy of it and writes it back into the module at the next step: clamping the module's copy alone
-    lets the master drift past the bound, so the master is clamped too (DeepSpeed's full-parameter accessors; a
-    collective of one value, on every rank)."""
-    from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
-
-    scale = engine.module.model.logit_scale
-    with torch.no_grad():
-        scale.clamp_(0, max_log_scale)  # ZeRO 0 in fp32: the parameter the optimiser steps
-        master = safe_get_full_fp32_param(scale)
-        if master is not None and bool(((master < 0) | (master > max_log_scale)).any()):
-            safe_set_full_fp32_param(scale, master.clamp(0, max_log_scale))
 
 
 def save(run: Run) -> dict[str, float]:

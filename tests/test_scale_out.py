@@ -369,6 +369,7 @@ def test_compare_deals_its_runs_over_the_gpus_and_each_training_sees_only_its_ow
     import threading
 
     from components import compare
+    from components.shared import devices
 
     seen, lock, running, most = [], threading.Lock(), {}, {}
 
@@ -385,7 +386,7 @@ def test_compare_deals_its_runs_over_the_gpus_and_each_training_sees_only_its_ow
 
     monkeypatch.setattr(compare, "call_logged", fake_call)
     monkeypatch.setattr(compare, "finished", lambda run, suite: None)
-    monkeypatch.setattr(compare, "visible_gpus", lambda: ["0", "1", "2"])
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["0", "1", "2"])
 
     class FakeRun:
         def __init__(self, k):
@@ -397,9 +398,9 @@ def test_compare_deals_its_runs_over_the_gpus_and_each_training_sees_only_its_ow
     # parallel 3 on 3 GPUs: every run on one GPU, never two on one GPU at once
     assert set(seen) <= {"0", "1", "2"} and len(seen) >= 1 and all(n == 1 for n in most.values())
     # more places than GPUs: dealt in turn; no GPUs: the environment is left alone
-    slots = compare.DeviceSlots(5, ["a", "b"])
+    slots = devices.DeviceSlots(5, ["a", "b"])
     assert sorted(slots._free.get() for _ in range(5)) == ["a", "a", "a", "b", "b"]
-    assert compare.DeviceSlots(2, [])._free.get() is None
+    assert devices.DeviceSlots(2, [])._free.get() is None
 
 
 # --------------------------------------------------------------------------------------------------

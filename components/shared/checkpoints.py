@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -261,3 +263,101 @@ def _write_export(model: torch.nn.Module, name: str, tmp: Path, dtype: str, mode
     state = {k: (v.to(cast) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(tmp / EXPORT_WEIGHTS), metadata={"architecture": name})
     write_checksums(tmp)  # last: an export without them was never finished
+
+
+# --------------------------------------------------------------------------------------------------
+# where a run starts: every rank reads the same checkpoints, and a relaunch on another process count
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartState:
+    """What a rank reads from the output folder to decide where the run starts; every rank must read the same."""
+
+    same_run: bool  # the fingerprint file matches these params
+    resume_tag: str | None  # the newest intact checkpoint (when same_run)
+    damaged: tuple[str, ...]
+    unfinished: bool  # only checkpoints whose save never finished (a kill during the first one)
+
+
+def start_state(output_dir: Path, current: str) -> StartState:
+    """What this rank reads in ``output_dir``: whether the fingerprint file matches ``current`` and the checkpoint to resume."""
+    ckpt_dir, fp_file = output_dir / "checkpoints", output_dir / "_fingerprint.json"
+    same_run = fp_file.is_file() and json.loads(fp_file.read_text()).get("fingerprint") == current
+    resume_tag, damaged = intact_checkpoint(ckpt_dir) if same_run else (None, [])
+    unfinished = same_run and resume_tag is None and only_unfinished(ckpt_dir)
+    return StartState(same_run and not unfinished, resume_tag, tuple(damaged), unfinished)
+
+
+def agree_on_start(state: StartState, output_dir: Path) -> None:
+    """Every rank decides from the same files, or none trains: a node that sees other checkpoints (no shared
+    filesystem) would start afresh while the others resume, and the collectives would wait forever. Then, on every
+    rank alike: a run of these params whose every checkpoint is damaged stops (damage to look at, not a kill)."""
+    world = torch.distributed.get_world_size()
+    if world > 1:
+        views: list = [None] * world
+        torch.distributed.all_gather_object(views, (os.uname().nodename, state))
+        if any(view[1] != views[0][1] for view in views):
+            seen = "; ".join(f"rank {r} on {host}: " + (f"resume {s.resume_tag}" if s.resume_tag else "no checkpoint to resume")
+                             for r, (host, s) in enumerate(views))
+            raise CheckpointsDisagree(f"the ranks see different checkpoints in {output_dir} ({seen}). Every node must see the same "
+                                      "output_dir: put it on a filesystem the nodes share (NFS, Lustre, a mounted bucket); "
+                                      "nothing was changed")
+    ckpt_dir = output_dir / "checkpoints"
+    if state.damaged and torch.distributed.get_rank() == 0:
+        print(f"warning: skipped damaged checkpoint(s): {'; '.join(state.damaged)}", file=sys.stderr, flush=True)
+    if state.same_run and state.damaged and state.resume_tag is None:
+        raise CorruptFileError(f"no intact checkpoint to resume from in {ckpt_dir}: {'; '.join(state.damaged)}. "
+                               f"Remove {ckpt_dir} to start this run afresh.")
+
+
+class CheckpointsDisagree(RuntimeError):
+    pass
+
+
+def check_resumable_launch(checkpoint: Path, world: int) -> None:
+    """A checkpoint written by another number of processes resumes where its optimiser state is whole: ZeRO 0 in fp32
+    keeps one copy. ZeRO 1 and 2, and DeepSpeed's bf16 optimiser at any stage, keep a shard per process
+    (``*zero_pp_rank_<r>_*optim_states.pt``); DeepSpeed's re-splitting of them (its elastic layout) did not give back
+    the optimiser's exact state here (docs/gpus.md), so that relaunch refuses, keeping everything."""
+    shards = len(list(checkpoint.glob("*zero_pp_rank_*_optim_states.pt")))
+    if not shards or shards == world:
+        return
+    raise CorruptFileError(f"{checkpoint} holds an optimiser state split {shards} ways (ZeRO 1/2 or bf16, one shard per process); "
+                           f"this run has {world} processes. Relaunch on {shards} processes (--set processes={shards} or the "
+                           "launcher's count) to resume it; a run on ZeRO 0 in fp32 resumes on any number (nothing was changed)")
+
+
+def resume_or_start(engine, output_dir: Path, state: StartState, current: str, micro_batch: int) -> tuple[int, dict]:
+    """Load ``state``'s checkpoint into ``engine`` (weights, optimiser, schedule, this rank's RNG state) and return its
+    step and recorded figures; without one, rank 0 removes what the stage wrote for other params and records the
+    fingerprint ``current``. Says in one line when the checkpoint was written by another launch shape."""
+    import logging
+
+    from components.shared.safe_load import load_torch_file
+
+    log = logging.getLogger("c2lip.train")
+    ckpt_dir, rank = output_dir / "checkpoints", torch.distributed.get_rank()
+    world = torch.distributed.get_world_size()
+    if state.resume_tag is not None:
+        _, client = engine.load_checkpoint(str(ckpt_dir), tag=state.resume_tag)
+        start_step = int(client["step"])
+        rng_file = ckpt_dir / state.resume_tag / RNG_FILE.format(rank=rank)
+        if rng_file.is_file():
+            set_rng_state(load_torch_file(rng_file))
+        if rank == 0:
+            log.info("resumed from %s at step %d", ckpt_dir / state.resume_tag, start_step)
+            was = launch_of(ckpt_dir / state.resume_tag)
+            if was and (was["processes"], was["micro_batch"]) != (world, micro_batch):
+                log.info("the checkpoint was written by %d process(es) × micro-batch %d, this run has %d × %d: it goes on from "
+                         "step %d with the data order of a %d-process run (the loss sees %d samples per micro-step, was %d)",
+                         was["processes"], was["micro_batch"], world, micro_batch, start_step, world,
+                         world * micro_batch, was["processes"] * was["micro_batch"])
+        return start_step, client.get("figures", {})
+    if rank == 0:
+        if ckpt_dir.exists():
+            log.info("no checkpoint in %s was finished before the run stopped: starting afresh" if state.unfinished else
+                     "checkpoints in %s belong to other params: starting afresh", ckpt_dir)
+            remove_checkpoints(ckpt_dir)
+        atomic_write_json(output_dir / "_fingerprint.json", {"fingerprint": current})
+    return 0, {}

@@ -1,6 +1,8 @@
 """Where a model runs, and its inputs with it: the one place every caller (the suite's encoders and zero-shot
 classifiers, the learning curves, the study probes, the neighbour images, the pyfunc) moves a batch to the model.
 
+Also the GPUs of a machine dealt to runs side by side (:class:`DeviceSlots`: the comparison's runs).
+
 A batch must follow the model's parameters in device *and* dtype: a model on a GPU, or cast to bf16 (DeepSpeed's bf16
 engine casts it in place; ``precision: bf16`` in the evaluate stage), refuses float32 CPU inputs ("Input type
 (torch.FloatTensor) and weight type (torch.cuda.FloatTensor) should be the same"). Integer inputs (token ids) follow
@@ -9,6 +11,9 @@ the device only.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import queue
 import re
 
 import torch
@@ -73,3 +78,31 @@ def place_model(model: torch.nn.Module, device: torch.device | str = "cpu", prec
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
     return model.to(device=device, dtype=PRECISIONS[precision])
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs); [] without CUDA."""
+    if not torch.cuda.is_available():
+        return []
+    named = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return named or [str(i) for i in range(torch.cuda.device_count())]
+
+
+class DeviceSlots:
+    """``parallel`` places for runs, dealt over the machine's GPUs in turn (8 GPUs, parallel 8: one run per GPU;
+    parallel 16: two per GPU); on a machine without GPUs every place is the CPU (None). A run holds its place
+    while it trains, so no two runs of one place overlap beyond ``parallel`` / GPUs per GPU."""
+
+    def __init__(self, parallel: int, gpus: list[str] | None = None):
+        gpus = visible_gpus() if gpus is None else gpus
+        self._free: queue.Queue = queue.Queue()
+        for k in range(parallel):
+            self._free.put(gpus[k % len(gpus)] if gpus else None)
+
+    @contextlib.contextmanager
+    def take(self):
+        device = self._free.get()
+        try:
+            yield device
+        finally:
+            self._free.put(device)

@@ -18,9 +18,12 @@ import os
 import socket
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.shared.params import ParamsError, TrainParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 def adopt_launcher_environment(environ: dict | None = None) -> str | None:
@@ -183,6 +186,41 @@ def launch(module: str, args: list[str], processes: int) -> int | None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     return None
+
+
+def synchronise_batch_norm(model: torch.nn.Module, world: int, cuda: bool, main: bool) -> torch.nn.Module:
+    """BatchNorm normalises by its batch's statistics: on several GPUs they become the global batch's
+    (SyncBatchNorm), so every rank computes what one process would. gloo (CPU) cannot synchronise them: then each
+    rank normalises its own micro-batch, and the run says so once."""
+    import logging
+
+    import torch
+
+    if world == 1 or not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return model
+    if cuda:
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if main:
+        logging.getLogger("c2lip.train").warning("this model has BatchNorm layers and %d CPU processes cannot synchronise them (SyncBatchNorm needs GPUs): "
+                    "each rank normalises by its own micro-batch, so the run differs from a one-process run (a model with "
+                    "LayerNorm, such as the ViTs, does not)", world)
+    return model
+
+
+def bound_logit_scale(engine, max_log_scale: float) -> None:
+    """The paper clamps the logit scale to [0, ln 100] after each step. Under ZeRO 1/2 or bf16 the optimiser steps an
+    fp32 master copy of it and writes it back into the module at the next step: clamping the module's copy alone
+    lets the master drift past the bound, so the master is clamped too (DeepSpeed's full-parameter accessors; a
+    collective of one value, on every rank)."""
+    import torch
+    from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
+
+    scale = engine.module.model.logit_scale
+    with torch.no_grad():
+        scale.clamp_(0, max_log_scale)  # ZeRO 0 in fp32: the parameter the optimiser steps
+        master = safe_get_full_fp32_param(scale)
+        if master is not None and bool(((master < 0) | (master > max_log_scale)).any()):
+            safe_set_full_fp32_param(scale, master.clamp(0, max_log_scale))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,3 +58,18 @@ def report_run(experiment: str, report_dir) -> str | None:
     runs = mlflow.search_runs([found.experiment_id], filter_string=f"tags.report_dir = '{folder}'",
                               order_by=["attributes.start_time DESC"], max_results=1, output_format="list")
     return where_to_watch(mlflow.get_tracking_uri(), found.experiment_id, runs[0].info.run_id) if runs else None
+
+
+def start_training_run(params, stage: str):
+    """The MLflow run of a train-stage run (rank 0): its params flattened, its tags, where to watch it (one line on
+    stderr); returns the mlflow module with the run active."""
+    import sys
+
+    from components.shared.params import flatten_params
+
+    mlflow = use_experiment(params.mlflow_experiment)
+    run = mlflow.start_run(run_name=f"{stage}-{params.preset}-{params.method.name}", log_system_metrics=True)
+    mlflow.log_params(flatten_params(params))
+    mlflow.set_tags({"stage": stage, "method": params.method.name, "preset": params.preset})
+    print(f"{stage}: {where_to_watch(mlflow.get_tracking_uri(), run.info.experiment_id, run.info.run_id)}", file=sys.stderr, flush=True)
+    return mlflow
