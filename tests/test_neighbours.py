@@ -64,6 +64,41 @@ def test_the_nearest_images_are_the_look_alikes(tmp_path):
         nb.nearest_images(index, mean_colour, k=5)
 
 
+def _mean_colour(images):  # a stand-in image tower (module level: the ranks below are spawned processes)
+    return torch.from_numpy(np.stack([np.asarray(i, dtype=np.float32).mean(axis=(0, 1)) - 85 for i in images]))
+
+
+def _neighbours_rank(rank, world, port, shard, out):
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    calls = []
+
+    def embed(images):
+        calls.append(len(images))
+        return _mean_colour(images)
+
+    table = nb.nearest_images(nb.ShardIndex([shard]), embed, k=2, batch=2, rank=rank, world=world)
+    json.dump({"table": table, "embedded": sum(calls)}, open(f"{out}/rank{rank}.json", "w"))
+    torch.distributed.destroy_process_group()
+
+
+def test_the_ranks_of_a_run_embed_a_share_each_and_all_get_the_whole_table(tmp_path):
+    """Every rank embeds its share of the images (7 images on 3 ranks: 3, 3, 1) instead of waiting for rank 0, and
+    every rank's table equals one process's."""
+    import torch.multiprocessing as mp
+    from conftest import free_port
+
+    colours = [(250, 0, 0), (0, 0, 250), (200, 20, 20), (20, 20, 200), (0, 250, 0), (20, 200, 20), (120, 120, 0)]
+    shard = _solid_shard(tmp_path / "s.tar", colours)
+    alone = nb.nearest_images(nb.ShardIndex([shard]), _mean_colour, k=2, batch=2)
+    mp.spawn(_neighbours_rank, args=(3, free_port(), shard, str(tmp_path)), nprocs=3, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    assert [r["embedded"] for r in ranks] == [3, 3, 1]
+    assert all(r["table"] == alone for r in ranks)
+
+
 def test_a_negclip_batch_carries_each_samples_neighbour_after_it(tiny_data, tmp_path):
     from components.method.models import create_model
 
