@@ -435,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
             train(params, stage)
         except (CorruptFileError, UnsafeCheckpointError, CheckpointsDisagree) as err:
             print(f"error: {err}", file=sys.stderr)
+            if dist.is_initialized():  # a live process group at exit aborts the process ("terminate called ..."): rc 2, not 134
+                dist.destroy_process_group()
             return 2
     return 0
 
