@@ -6,9 +6,8 @@ import os
 import open_clip
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from conftest import free_port
+from conftest import free_port, spawn_ranks
 
 from components.method import models
 from components.method.batches import concept_batch
@@ -441,7 +440,7 @@ def test_two_processes_match_one_process_on_the_global_batch(tmp_path, name, bat
     """LayerNorm towers (the ViTs): 2 ranks compute what 1 process computes. The default ResNet does too once its
     BatchNorm layers normalise by running statistics; in training mode BatchNorm normalises by each rank's micro-batch,
     which only SyncBatchNorm (GPUs; the train stage converts) makes global: there the ranks differ from one process."""
-    mp.spawn(_worker, args=(2, free_port(), name, str(tmp_path), batch_norm_frozen), nprocs=2, join=True)
+    spawn_ranks(_worker, (2, free_port(), name, str(tmp_path), batch_norm_frozen), 2)
     module, tokenizer = _make(name)
     if batch_norm_frozen:
         _freeze_batch_norm(module)

@@ -87,13 +87,12 @@ def _neighbours_rank(rank, world, port, shard, out):
 def test_the_ranks_of_a_run_embed_a_share_each_and_all_get_the_whole_table(tmp_path):
     """Every rank embeds its share of the images (7 images on 3 ranks: 3, 3, 1) instead of waiting for rank 0, and
     every rank's table equals one process's."""
-    import torch.multiprocessing as mp
-    from conftest import free_port
+    from conftest import free_port, spawn_ranks
 
     colours = [(250, 0, 0), (0, 0, 250), (200, 20, 20), (20, 20, 200), (0, 250, 0), (20, 200, 20), (120, 120, 0)]
     shard = _solid_shard(tmp_path / "s.tar", colours)
     alone = nb.nearest_images(nb.ShardIndex([shard]), _mean_colour, k=2, batch=2)
-    mp.spawn(_neighbours_rank, args=(3, free_port(), shard, str(tmp_path)), nprocs=3, join=True)
+    spawn_ranks(_neighbours_rank, (3, free_port(), shard, str(tmp_path)), 3)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
     assert [r["embedded"] for r in ranks] == [3, 3, 1]
     assert all(r["table"] == alone for r in ranks)

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from conftest import HANG_S, REPO, free_port, tiny_training_data
+from conftest import HANG_S, REPO, free_port, spawn_ranks, tiny_training_data
 from test_train import tiny_train, write_params
 
 from components.method.losses import C2LIPLoss, CLICLoss, ContrastiveLoss, HardExampleLoss
@@ -118,7 +117,7 @@ def _rank(rank, world, port, out_dir):
 def test_every_method_gives_the_same_terms_and_gradients_on_1_2_and_4_ranks(tmp_path):
     one = {name: _loss_and_grads(name, slice(0, IMAGES), 1) for name in _methods()}
     for world in (2, 4):
-        mp.spawn(_rank, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+        spawn_ranks(_rank, (world, free_port(), str(tmp_path)), world)
         for rank in range(world):
             got = torch.load(tmp_path / f"world{world}-rank{rank}.pt")
             for name, (terms, grads) in one.items():
@@ -184,7 +183,7 @@ def _bound_rank(rank, world, port, out_dir):
 
 
 def test_the_logit_scale_bound_holds_in_the_optimizer_master_under_zero1(tmp_path):
-    mp.spawn(_bound_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_bound_rank, (2, free_port(), str(tmp_path)), 2)
     for rank in (0, 1):
         before = torch.load(tmp_path / f"module-only-{rank}.pt")
         assert float(before["master"]) > 0.7 + 0.5, "the master did not drift past the bound: the test no longer shows the fault"
@@ -280,31 +279,15 @@ def test_the_deepspeed_launcher_on_one_node_and_on_two_nodes_without_ssh(tiny_da
 
 
 @pytest.mark.slow
-def test_torchrun_across_two_nodes_with_c10d_rendezvous(tiny_data, tmp_path, launch_env):
-    out, port = tmp_path / "torchrun", free_port()
-    params = _params(tmp_path, tiny_data, out)
+def test_torchrun_across_two_nodes_then_srun_tasks_that_see_other_checkpoints_stop_at_once(tiny_data, tmp_path, launch_env):
+    """Two torchrun agents (two "nodes", c10d rendezvous) train with ZeRO 2, each rank writing its optimiser shard.
+    Then the relaunches that must not train, as two tasks of an srun job step (only the variables SLURM sets, no
+    MASTER_ADDR exported: the first host of the step's node list) and as one process."""
+    out, port = tmp_path / "two-nodes", free_port()
+    params = _params(tmp_path, tiny_data, out, deepspeed_config=str(REPO / "infra" / "deepspeed" / "zero2_fp32.json"))
     runs = _both([([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
                     "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "c2lip-test", *_train_module(params)], launch_env)
                   for _ in (0, 1)])
-    assert all(r.returncode == 0 for r in runs), "\n".join(r.stdout[-2000:] for r in runs)
-    _finished(out)
-
-
-@pytest.mark.slow
-def test_srun_tasks_train_as_ranks_and_nodes_that_see_other_checkpoints_stop_at_once(tiny_data, tmp_path, launch_env):
-    """Two tasks of an srun job step (the variables SLURM sets, no MASTER_ADDR exported: the first host of the step's
-    node list); ZeRO 2, so each rank writes its optimiser shard. Then the relaunches that must not train."""
-    out = tmp_path / "srun"
-    params = _params(tmp_path, tiny_data, out, deepspeed_config=str(REPO / "infra" / "deepspeed" / "zero2_fp32.json"))
-
-    def task(rank: int, extra: list[str] = ()) -> tuple[list[str], dict]:
-        slurm = {"SLURM_JOB_ID": str(4000 + free_port() % 1000), "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2",
-                 "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0", "SLURM_NODEID": str(rank), "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-                 "SLURM_STEP_NODELIST": "127.0.0.1,localhost", "MASTER_PORT": str(port)}
-        return [sys.executable, *_train_module(params), *extra], {**launch_env, **slurm}
-
-    port = free_port()
-    runs = _both([task(0), task(1)])
     assert all(r.returncode == 0 for r in runs), "\n".join(r.stdout[-2000:] for r in runs)
     _finished(out)
     checkpoint = out / "checkpoints" / "step00000002"
@@ -313,11 +296,20 @@ def test_srun_tasks_train_as_ranks_and_nodes_that_see_other_checkpoints_stop_at_
             "rng_rank0.pt", "rng_rank1.pt"} <= {p.name for p in checkpoint.iterdir()}
     before = {p.name: p.read_bytes() for p in checkpoint.iterdir()}
 
-    # a node that sees another output folder (no shared filesystem): both ranks stop before training, naming it
+    # srun tasks whose second node sees another output folder (no shared filesystem): the two ranks meet through the
+    # variables SLURM sets, compare what they see, and both stop before training, naming it
     port = free_port()
+
+    def task(rank: int, extra: list[str] = ()) -> tuple[list[str], dict]:
+        slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": str(rank),
+                 "SLURM_LOCALID": "0", "SLURM_NODEID": str(rank), "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+                 "SLURM_STEP_NODELIST": "127.0.0.1,localhost", "MASTER_PORT": str(port)}
+        return [sys.executable, *_train_module(params), *extra], {**launch_env, **slurm}
+
     runs = _both([task(0), task(1, ["--set", f"output_dir={tmp_path / 'elsewhere'}"])])
     assert all(r.returncode == 2 for r in runs) and all("Every node must see the same output_dir" in r.stdout for r in runs), \
         "\n".join(r.stdout[-2000:] for r in runs)
+    assert "rank 0 on" in runs[0].stdout and "resume step00000002" in runs[0].stdout
 
     # one process on a checkpoint whose optimiser is split two ways (ZeRO 2): refused, every file kept
     alone = subprocess.run([sys.executable, *_train_module(params), "--set", "processes=1"], cwd=REPO, env=launch_env,
