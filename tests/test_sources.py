@@ -232,8 +232,9 @@ def _table_params(tmp_path, path):
         tmp_path, source="table", caption_field="long", shard_size=4,
         table={
             "path": str(path), "chunk_rows": 3,
-            # 20 s per read: a loaded machine's loopback answers come well within it; only /slow.jpg, which hangs, does not
-            "download": {"concurrency": 4, "timeout_s": 20, "retries": 2, "backoff_s": 0.01, "max_bytes": 4096,
+            # 10 s per read: a loaded machine's loopback answers come well within it; only /slow.jpg, which hangs, does
+            # not (it is read three times: 30 s of the test)
+            "download": {"concurrency": 4, "timeout_s": 10, "retries": 2, "backoff_s": 0.01, "max_bytes": 4096,
                          "allow_hosts": ["127.0.0.1"]},  # the test server: loopback is refused by default
         },
     )
