@@ -1,4 +1,4 @@
-"""Data-loader throughput of one worker: WebDataset decode + augmentation + tokenization of captions and phrases.
+"""The training data path: one worker's throughput, the samples read per sample trained, a resume's first batch.
 
     python bench/loader.py [--images 1024] [--batch 64]
 
@@ -8,12 +8,25 @@ DataLoader worker does: components.data.stream.TrainBatches reading the tars, de
 training transform at 224 px (random resized crop, normalisation), the caption tokens and C2LIP's concept
 batch (distinct phrases tokenized, padded or trimmed). Prints samples/s per worker (= per CPU core: the
 target is >= 100, so 16 cores feed a GPU at 1,600/s), at 224 px and at the default world's 64 px.
+
+Then, on synthetic shards of small members (reading, not decoding, is what is counted):
+- raw samples read per sample trained at 2 ranks x 4 loader workers, for the global order
+  (components.data.sample_order: each worker reads its own micro-batches) and for the earlier per-rank stream,
+  re-created here as it was (every worker read its rank's whole stream and kept every 4th micro-batch). Each worker
+  runs in this process through the same method a DataLoader worker runs (TrainBatches.batches). Target <= 1.05.
+- the time to the first micro-batch of a resume at epoch 4.9 of 200 shards (the tables cached, as after the first
+  launch), against the time to read one whole shard (the target: under one shard's read), and the earlier
+  stream's replay of the 4.9 epochs before it.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import os
+import random
 import sys
+import tarfile
 import tempfile
 import time
 from itertools import islice
@@ -22,11 +35,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import open_clip  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
+import webdataset as wds  # noqa: E402
 
 from components import captions as captions_stage  # noqa: E402
+from components.data.shard_index import sample_counts  # noqa: E402
 from components.data.stream import TrainBatches  # noqa: E402
 from components.method import batches as builders  # noqa: E402
 from components.shared.params import CaptionsParams, validate_params  # noqa: E402
@@ -58,6 +74,89 @@ def samples_per_s(shards: list[str], phrases: dict[str, list[str]], resolution: 
     return batch * batches / (time.perf_counter() - start)
 
 
+def synthetic_shards(root: Path, shards: int, per_shard: int, payload: int) -> list[str]:
+    """Tar shards of ``per_shard`` samples, each a ``payload``-byte .bin member and a .txt member."""
+    root.mkdir(parents=True, exist_ok=True)
+    blob, paths = bytes(payload), []
+    for s in range(shards):
+        path = root / f"shard-{s:04d}.tar"
+        with tarfile.open(path, "w") as tar:
+            for i in range(per_shard):
+                for ext, data in (("bin", blob), ("txt", f"{s}/{i}".encode())):
+                    info = tarfile.TarInfo(f"s{s:04d}-{i:05d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        paths.append(str(path))
+    return paths
+
+
+def _data_params(shards: list[str], micro_batch: int, world: int):
+    return validate_params("train", {"data": {"shards": shards, "shuffle_buffer": 256, "workers": 0}, "method": {"name": "siglip"},
+                                     "global_batch": micro_batch * world, "micro_batch": micro_batch, "processes": world,
+                                     "output_dir": "unused"})
+
+
+def earlier_stream(shards: list[str], seed: int, rank: int, world: int, buffer: int):
+    """The per-rank stream the loader used before the global order, as it was: each epoch dealt the permuted shards
+    round-robin to the ranks and shuffled each rank's samples in a buffer; every worker read all of it."""
+    for epoch in range(sys.maxsize):
+        order = np.random.default_rng([seed, epoch]).permutation(len(shards))
+        samples = wds.tariterators.tarfile_samples({"url": shards[i]} for i in order[rank::world])
+        yield from wds.filters.shuffle(bufsize=buffer, initial=buffer, rng=random.Random(f"{seed}:{epoch}:{rank}"))(samples)
+
+
+def earlier_reads(shards: list[str], rank: int, world: int, workers: int, worker: int, micro_batch: int, batches: int, start: int = 0) -> int:
+    """Samples the earlier stream read for one worker to yield ``batches`` micro-batches from ``start`` on."""
+    read = 0
+    stream = earlier_stream(shards, 0, rank, world, 256)
+    for _ in islice(stream, start * micro_batch):  # a resume replayed every sample before its position
+        read += 1
+    index, kept = start, 0
+    while kept < batches:
+        chunk = list(islice(stream, micro_batch))
+        read += len(chunk)
+        kept += (index - start) % workers == worker
+        index += 1
+    return read
+
+
+def reads_per_trained(root: Path, world: int = 2, workers: int = 4, micro_batch: int = 8) -> None:
+    shards = synthetic_shards(root, 16, 100, 256)
+    params = _data_params(shards, micro_batch, world)
+    batches = 200 // workers  # per worker: 200 micro-batches per rank, 1,600 samples per rank (a whole epoch)
+    now = earlier = trained = 0
+    for rank in range(world):
+        for worker in range(workers):
+            dataset = TrainBatches(params, shards, rank, world, 0, None, None, None, None)
+            dataset.make_batch = lambda samples, index: len(samples)  # read, not decoded
+            trained += sum(islice(dataset.batches(worker, workers), batches))
+            now += dataset.reader.samples_read
+            earlier += earlier_reads(shards, rank, world, workers, worker, micro_batch, batches)
+    print(f"samples read per sample trained, {world} ranks x {workers} workers, {trained} trained: global order "
+          f"{now / trained:.3f} (target <= 1.05); the earlier per-rank stream {earlier / trained:.3f}")
+
+
+def resume_first_batch(root: Path, micro_batch: int = 8) -> None:
+    shards = synthetic_shards(root, 200, 500, 1024)
+    params = _data_params(shards, micro_batch, 1)
+    sample_counts(shards)  # the first launch's preflight: every shard's table cached
+    epoch_length = 200 * 500 // micro_batch * micro_batch
+    index = int(4.9 * epoch_length) // micro_batch
+    start = time.perf_counter()
+    dataset = TrainBatches(params, shards, 0, 1, index, None, None, None, None)
+    dataset.samples(index)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    one_shard = sum(1 for _ in wds.tariterators.tarfile_samples([{"url": shards[7]}]))
+    shard_read = time.perf_counter() - start
+    start = time.perf_counter()
+    replayed = earlier_reads(shards, 0, 1, 1, 0, micro_batch, 1, start=index)
+    replay = time.perf_counter() - start
+    print(f"resume at epoch 4.9 of 200 shards x 500 samples (1 KB each): first micro-batch in {first * 1000:.1f} ms "
+          f"({dataset.reader.samples_read} samples read); one whole shard ({one_shard} samples) read in {shard_read * 1000:.1f} ms "
+          f"(ratio {first / shard_read:.2f}, target < 1); the earlier stream replayed {replayed:,} samples in {replay:.2f} s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=1024)
@@ -66,6 +165,7 @@ def main() -> int:
     torch.set_num_threads(1)  # one DataLoader worker
     batches = args.images // args.batch - 2
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ["C2LIP_SHARD_INDEX_CACHE"] = str(Path(tmp) / "shard-index")  # the shards' tables: gone with them
         print(f"one worker (1 torch thread), batches of {args.batch}, {batches} batches timed after one warm-up")
         for size, resolution in ((256, 224), (64, 64)):
             shards, phrases = write_shards(Path(tmp) / str(size), args.images, size)
@@ -73,6 +173,8 @@ def main() -> int:
                 rate = samples_per_s(shards, phrases, resolution, args.batch, batches, trim)
                 print(f"  {size}-px JPEGs -> {resolution}-px crops, phrases {'trimmed' if trim else 'padded to 77'}: "
                       f"{rate:7.1f} samples/s per worker (target >= 100 at 224 px)")
+        reads_per_trained(Path(tmp) / "reads")
+        resume_first_batch(Path(tmp) / "resume")
     return 0
 
 

@@ -12,11 +12,11 @@ and ``processes: N > 1`` it re-launches itself under torchrun; under a launcher 
 Everything that can be checked is checked before any process starts (:func:`preflight`).
 
 Resume: DeepSpeed checkpoints (model, optimiser, scheduler) every ``checkpoint_every`` steps, with the
-step, the launch's shape and each rank's RNG state beside them; the data order is a pure function of (seed,
-epoch, rank, world) and each batch's augmentation of (seed, batch index), so a killed run resumes at the same
-sample with the same crops and ends with the weights an uninterrupted run would have. A relaunch on another
-number of processes (a lost node) resumes from the same step, with the data order a run of that many processes
-has from there; checkpoints are never removed for it. Every rank must see the same checkpoints (a filesystem
+step, the launch's shape and each rank's RNG state beside them; the data order is one global sequence, a pure
+function of the seed (:mod:`components.data.sample_order`), and each batch's augmentation of (seed, rank, batch
+index), so a killed run resumes at the same sample with the same crops and ends with the weights an uninterrupted
+run would have. A relaunch on another number of processes (a lost node) resumes from the same step and the same
+samples, as a run of that many processes has them from there; checkpoints are never removed for it. Every rank must see the same checkpoints (a filesystem
 shared by the nodes): ranks that disagree stop before training, naming the difference.
 
 Layout: the launcher and DeepSpeed config (:mod:`components.shared.distributed`), the data stream
@@ -52,7 +52,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from components.data.stream import TrainBatches, check_phrases_field, check_tar, expand_shards, inputs_identity, load_phrases
+from components.data.shard_index import sample_counts, uncached
+from components.data.stream import TrainBatches, check_phrases_field, expand_shards, inputs_identity, load_phrases
 from components.method.methods import method_for
 from components.method.models import model_config, trims_phrases
 from components.method.module import TrainingModule
@@ -100,6 +101,15 @@ def needs_phrases(params: TrainParams) -> bool:
     return method_for(params.method.name).needs_phrases or params.data.phrases_as_captions > 0
 
 
+def _indexing_progress(shards: list[str]):
+    """A progress bar over the shards when some have no cached table yet (the first launch on a dataset)."""
+    if uncached(shards) < 2:
+        return iter
+    from tqdm import tqdm
+
+    return lambda items: tqdm(items, desc="indexing shards", unit="shard", file=sys.stderr, mininterval=5)
+
+
 def preflight(params: TrainParams) -> dict[str, Any]:
     """Every check that needs no model: config, batch arithmetic, data, concepts, init path."""
     world = world_size_for(params)
@@ -110,8 +120,6 @@ def preflight(params: TrainParams) -> dict[str, Any]:
         except ParamsError as err:
             raise ParamsError(f"curves.captions_params: {err}") from None
     shards = expand_shards(params.data.shards)
-    if len(shards) < world:
-        raise ParamsError(f"data.shards: {len(shards)} shard(s) for {world} processes; every rank needs at least one shard")
     if needs_phrases(params):
         if params.data.concepts_dir is None or not any(Path(params.data.concepts_dir).glob("*.parquet")):
             raise ParamsError(f"data.concepts_dir: no Parquet files in {params.data.concepts_dir} (run the concepts stage first)")
@@ -123,8 +131,11 @@ def preflight(params: TrainParams) -> dict[str, Any]:
         check_export(Path(init))  # a truncated or changed init export is named here, not in a traceback
     elif init != "scratch" and Path(init).is_file():
         check_weights_file(Path(init))  # likewise a damaged checkpoint file
-    for shard in shards:
-        check_tar(shard)
+    # every shard's table (its samples' offsets), read from the tar headers once per shard content and cached: a
+    # damaged shard is named here; a relaunch reads a few kilobytes per shard (components.data.shard_index)
+    total = sum(sample_counts(shards, progress=_indexing_progress(shards)))
+    if total < params.global_batch:
+        raise ParamsError(f"data.shards: {total} samples in {len(shards)} shard(s), fewer than one global batch ({params.global_batch})")
     if k := params.method.hard_examples.neighbour_images:  # before the model loads: each image needs k others
         from components.data.neighbours import too_few_images
 

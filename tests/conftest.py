@@ -1,7 +1,10 @@
 """Shared test set-up: offline environment, the repository root, tiny params."""
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 # Never wait on the model hub or send telemetry from tests (anything that tries the hub hangs ~47 s).
@@ -15,6 +18,12 @@ for _key, _value in {
     "DO_NOT_TRACK": "1",
 }.items():
     os.environ.setdefault(_key, _value)
+
+# The shards' tables (components/data/shard_index.py) are cached by path, size and time: the tests' shards live in
+# temporary folders, so their tables go to one of this process's own, removed at exit (the stages it starts inherit it).
+if "C2LIP_SHARD_INDEX_CACHE" not in os.environ:
+    os.environ["C2LIP_SHARD_INDEX_CACHE"] = tempfile.mkdtemp(prefix="c2lip-shard-index-")
+    atexit.register(shutil.rmtree, os.environ["C2LIP_SHARD_INDEX_CACHE"], ignore_errors=True)
 
 # Under pytest-xdist (make test runs 2+ workers) each worker gets its own Prefect home: the ephemeral API
 # server of the in-process flow tests keeps a SQLite database there, which two workers must not share.

@@ -577,7 +577,7 @@ def test_negclip_negatives_are_swaps_by_default_and_the_old_mix_is_a_variant(tin
     params = _params(tiny_data, name="negclip")
     shards = stream.expand_shards(params.data.shards)
     dataset = stream.TrainBatches(params, shards, 0, 1, 0, None, None, None, None)
-    samples = [s for s, _ in zip(stream.sample_stream(shards, 0, 0, 1, 4), range(40), strict=False)]
+    samples = [s for i in range(40) for s in dataset.samples(i)][:40]
     rng = np.random.default_rng(0)
     swaps = replacements = 0
 

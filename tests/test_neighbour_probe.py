@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import tiny_training_data
 
-from components.data.neighbours import ShardIndex
+from components.data.shard_index import KeyIndex
 from components.study import neighbour_probe as probe
 
 RED_CIRCLE, BLUE_SQUARE = {"color": "red", "shape": "circle"}, {"color": "blue", "shape": "square"}
@@ -27,7 +27,7 @@ def test_a_neighbour_is_named_by_the_objects_it_shares(neighbour, kind):
 def test_the_shares_count_every_neighbour_of_every_crowded_scene_and_only_those(tmp_path):
     root = tiny_training_data(tmp_path, test_images=8)
     shards = sorted(str(p) for p in (root / "captions" / "train").glob("*.tar"))
-    objects = probe.scene_objects(ShardIndex(shards))
+    objects = probe.scene_objects(KeyIndex(shards))
     crowded = [key for key, objs in objects.items() if len(objs) > 1]
     single = [key for key, objs in objects.items() if len(objs) == 1]
     assert len(crowded) >= 2 and single

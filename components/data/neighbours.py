@@ -2,9 +2,9 @@
 
 NegCLIP's official code adds to each sample one of its k nearest images (by the image embedding of the CLIP it
 fine-tunes), with that image's caption and the caption's hard negative, so every batch holds pairs of look-alike
-scenes: the in-batch negatives a bag of words cannot tell apart. A stream of shards has no random access, so the
-shards' tar headers are read once into an index (key -> member offsets), and a partner's sample is read by offset;
-the neighbours are computed once per run from the model the fine-tune starts from and kept beside its checkpoints.
+scenes: the in-batch negatives a bag of words cannot tell apart. A partner's sample is read by its key through the
+shards' tables (:mod:`components.data.shard_index`); the neighbours are computed once per run from the model the
+fine-tune starts from and kept beside its checkpoints.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 import functools
 import io
 import json
-import re
-import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,45 +19,13 @@ import numpy as np
 import torch
 from PIL import Image
 
+from components.data.shard_index import KeyIndex
 from components.shared.atomic import atomic_write_json, fingerprint, shards_identity, weights_identity
 from components.shared.devices import to_model
 
-# webdataset's rule for a member name: the key is the path up to the first dot of the file name, the rest its extension
-MEMBER = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
-
-
-class ShardIndex:
-    """Where each sample's members lie in local tar shards, read from the tar headers only (no image is decoded)."""
-
-    def __init__(self, shards: list[str]):
-        self.members: dict[str, tuple[str, dict[str, tuple[int, int]]]] = {}
-        for shard in shards:
-            if "://" in shard or shard.startswith("pipe:"):
-                raise ValueError(f"{shard}: hard-negative images read partners by offset, which needs local shards; "
-                                 "copy the shards to disk or set method.hard_examples.neighbour_images: 0")
-            with tarfile.open(shard) as tar:
-                for member in tar:
-                    match = MEMBER.match(member.name)
-                    if member.isfile() and match:
-                        key, ext = match.groups()
-                        self.members.setdefault(key, (shard, {}))[1][ext] = (member.offset_data, member.size)
-
-    def keys(self) -> list[str]:
-        return list(self.members)
-
-    def sample(self, key: str) -> dict:
-        """The sample ``key`` as webdataset yields it (raw bytes per extension, ``__key__``, ``__url__``)."""
-        shard, members = self.members[key]
-        out: dict = {"__key__": key, "__url__": shard}
-        with open(shard, "rb") as handle:
-            for ext, (offset, size) in members.items():
-                handle.seek(offset)
-                out[ext] = handle.read(size)
-        return out
-
 
 @torch.no_grad()
-def nearest_images(index: ShardIndex, embed: Callable[[list[Image.Image]], torch.Tensor], k: int, batch: int = 256,
+def nearest_images(index: KeyIndex, embed: Callable[[list[Image.Image]], torch.Tensor], k: int, batch: int = 256,
                    progress: Callable[[Iterator], Iterator] = iter, rank: int = 0, world: int = 1) -> dict[str, list[str]]:
     """Each image's ``k`` nearest other images by cosine of ``embed``'s features (a batch of PIL images -> [n, D]).
     With ``world`` > 1 (a process group) each rank embeds its contiguous share of the images and every rank gets
@@ -104,7 +70,7 @@ def _gather_shares(features: torch.Tensor | None, share: int, total: int, rank: 
 class Neighbours:
     """The partners a batch adds: for each sample one of its k nearest images, drawn with the batch's generator."""
 
-    def __init__(self, index: ShardIndex, table: dict[str, list[str]]):
+    def __init__(self, index: KeyIndex, table: dict[str, list[str]]):
         self.index, self.table = index, table
 
     def partners(self, samples: list[dict], rng: np.random.Generator) -> list[dict]:
@@ -120,14 +86,14 @@ class Neighbours:
 
 def too_few_images(shards: list[str], k: int) -> str | None:
     """Why ``shards`` cannot give each image ``k`` nearest others (None when they can): read from the tar headers only."""
-    images = sum("jpg" in members for _, members in ShardIndex(shards).members.values())
+    images = sum("jpg" in members for _, members in KeyIndex(shards).members.values())
     return None if images > k else f"{k} nearest images each, but data.shards hold {images} training image(s); it must be below that number"
 
 
 def load_or_compute(path: Path, shards: list[str], k: int, embed: Callable, identity: dict, progress=iter) -> Neighbours:
     """The run's neighbours from ``path`` when it was computed for the same shards, k and start model (``identity``),
     else computed (``embed``) and written there atomically."""
-    index = ShardIndex(shards)
+    index = KeyIndex(shards)
     key = table_key(shards, k, identity)
     if path.is_file():
         stored = stored_table(path)
@@ -162,7 +128,7 @@ def stored_table(path: Path) -> dict | None:
 
 def read_neighbours(path: Path, shards: list[str]) -> Neighbours:
     """What :func:`load_or_compute` wrote (the other ranks read the file rank 0 wrote)."""
-    return Neighbours(ShardIndex(shards), json.loads(path.read_text())["neighbours"])
+    return Neighbours(KeyIndex(shards), json.loads(path.read_text())["neighbours"])
 
 
 NEIGHBOURS_FILE = "neighbours.json"
@@ -202,7 +168,7 @@ def for_run(params, model, transform, shards: list[str], rank: int, world: int, 
     if not reuse[0]:
         model.to(device or "cpu")  # on a GPU the embedding runs there (DeepSpeed would move the model next anyway)
         progress = (lambda it: tqdm(it, desc="neighbours", unit="batch", file=sys.stderr)) if rank == 0 else iter
-        table = nearest_images(ShardIndex(shards), functools.partial(embed_images, model, transform), k, progress=progress,
+        table = nearest_images(KeyIndex(shards), functools.partial(embed_images, model, transform), k, progress=progress,
                                rank=rank, world=world)
         if rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,10 @@
-"""The training data stream: a deterministic, resumable sequence of WebDataset samples per rank, decoded
-into micro-batches by a method's batch builder; the concepts stage's phrases; sentence sampling.
+"""The training data: micro-batches of WebDataset samples in the run's global order, decoded by a method's batch
+builder; the concepts stage's phrases; sentence sampling.
 
-The data order is a pure function of (seed, epoch, rank) and each batch's random choices of (seed, rank,
-batch index), so a killed run resumes at the same sample with the same crops and texts.
+Which samples a micro-batch holds is a pure function of (seed, its index, rank, world)
+(:mod:`components.data.sample_order`), read by offset (:mod:`components.data.shard_index`), and each batch's
+random choices are seeded by (seed, rank, batch index): a killed run resumes at the same sample with the same
+crops and texts, and a loader worker reads only the samples of its own batches.
 """
 
 from __future__ import annotations
@@ -11,22 +13,21 @@ import glob
 import hashlib
 import io
 import json
-import random
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-import webdataset as wds
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
+from components.data.sample_order import SampleOrder
+from components.data.shard_index import ShardReader, sample_counts
 from components.shared.atomic import CorruptFileError, fingerprint, read_parquet, shards_identity, weights_identity
 from components.shared.params import ParamsError
 
@@ -40,22 +41,6 @@ def expand_shards(patterns: list[str]) -> list[str]:
             raise ParamsError(f"data.shards: {pattern!r} matches no file (run the captions stage first?)")
         shards.extend(matches)
     return shards
-
-
-def check_tar(path: str) -> None:
-    """Read every member header of a shard: a truncated or non-tar shard is a CorruptFileError naming it
-    before training starts, not a traceback from a DataLoader worker mid-run."""
-    import tarfile
-
-    try:
-        with tarfile.open(path) as tar:
-            end = max((m.offset_data + m.size for m in tar), default=0)
-        with open(path, "rb") as f:  # tarfile reads a cut-off archive as a shorter one: its end marker says
-            f.seek(-(-end // 512) * 512)
-            if f.read(1024) != bytes(1024):
-                raise tarfile.ReadError("cut off: no end-of-archive marker after the last member")
-    except (tarfile.TarError, OSError, EOFError) as err:
-        raise CorruptFileError(f"{path}: not a readable tar shard ({err})") from None
 
 
 def load_phrases(concepts_dir: Path) -> dict[str, list[str]]:
@@ -144,17 +129,6 @@ def binds_in_alt_text(key: str, share: float) -> bool:
     return int.from_bytes(digest, "big") / 2**64 < share
 
 
-def sample_stream(shards: list[str], seed: int, rank: int, world: int, shuffle_buffer: int) -> Iterator[dict]:
-    """Endless raw samples for one rank: each epoch permutes the shards with (seed, epoch), deals them out
-    round-robin to the ranks, and shuffles samples in a buffer seeded by (seed, epoch, rank)."""
-    for epoch in range(sys.maxsize):
-        order = np.random.default_rng([seed, epoch]).permutation(len(shards))
-        mine = [shards[i] for i in order[rank::world]]
-        samples = wds.tariterators.tarfile_samples({"url": url} for url in mine)
-        rng = random.Random(f"{seed}:{epoch}:{rank}")
-        yield from wds.filters.shuffle(bufsize=shuffle_buffer, initial=shuffle_buffer, rng=rng)(samples)
-
-
 def split_sentences(text: str) -> list[str]:
     """Sentences of a caption: split after '.', '!' or '?' followed by white space."""
     return [t for t in re.split(r"(?<=[.!?])\s+", text.strip()) if t]
@@ -218,9 +192,9 @@ class MemoTokenizer:
 
 
 class TrainBatches(IterableDataset):
-    """Micro-batches for one rank, from batch ``start`` on. With DataLoader workers, worker w decodes the
-    batches b ≡ w (mod workers): DataLoader takes batches from its workers in that same round-robin
-    order, so the sequence is identical for any number of workers.
+    """Micro-batches for one rank, from batch ``start`` on. With DataLoader workers, worker w reads and decodes
+    the batches b ≡ w (mod workers) and nothing else: DataLoader takes batches from its workers in that same
+    round-robin order, so the sequence is identical for any number of workers.
 
     ``build(decoded, context)`` is the method's batch builder (:mod:`components.method.batches`); with
     ``build=None`` a batch is images and captions only (the logit calibration's batches). Torch's RNG and
@@ -234,6 +208,8 @@ class TrainBatches(IterableDataset):
         self.build, self.accumulation, self.trim_phrases = build, accumulation, trim_phrases
         self.neighbours = neighbours  # components.data.neighbours.Neighbours: NegCLIP's hard-negative images, or None
         self._nlp: dict[str, Any] = {}
+        self.reader = ShardReader(shards)
+        self.order = SampleOrder(sample_counts(shards), params.seed, params.data.shuffle_buffer, params.global_batch)
         self.undecodable = 0  # images skipped so far in this process (a data worker has its own count)
         data = params.data
         self.recaptions = load_recaptions(data.recaptions_dir, [*data.caption_fields, *filter(None, [data.single_object_caption_field]),
@@ -242,15 +218,18 @@ class TrainBatches(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        size = self.params.micro_batch
-        stream = sample_stream(self.shards, self.params.seed, self.rank, self.world, self.params.data.shuffle_buffer)
-        stream = islice(stream, self.start * size, None)  # skipped samples are read, never decoded
-        index = self.start
+        return self.batches(worker, workers)
+
+    def batches(self, worker: int, workers: int):
+        """Worker ``worker``'s share of the micro-batches: every ``workers``-th from ``start + worker`` on."""
+        index = self.start + worker
         while True:
-            chunk = list(islice(stream, size))
-            if (index - self.start) % workers == worker:
-                yield self.make_batch(chunk, index)
-            index += 1
+            yield self.make_batch(self.samples(index), index)
+            index += workers
+
+    def samples(self, index: int) -> list[dict]:
+        """The raw samples of micro-batch ``index`` (a resume starts here: nothing before it is read)."""
+        return [self.reader.read(shard, i) for shard, i in self.order.micro_batch(index, self.rank, self.world, self.params.micro_batch)]
 
     def nlp(self, name: str):
         """spaCy, loaded on first use in this worker (only real, non-ShapesWorld captions need it)."""

@@ -89,11 +89,11 @@ def compute_table(model_uri: str, index, k: int, device: str = "auto") -> dict[s
 
 
 def run(shards: list[str], k: int, model: str | None, neighbours: Path | None, device: str = "auto") -> dict:
-    from components.data.neighbours import ShardIndex
+    from components.data.shard_index import KeyIndex
 
     if not shards:
         raise FileNotFoundError("no training shards (run the captions stage first: dvc repro captions)")
-    index = ShardIndex(shards)
+    index = KeyIndex(shards)
     if neighbours is not None:
         table = json.loads(neighbours.read_text())["neighbours"]
     elif model is not None:
