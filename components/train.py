@@ -52,8 +52,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from components.data.shard_index import sample_counts, uncached
-from components.data.stream import TrainBatches, check_phrases_field, expand_shards, inputs_identity, load_phrases
+from components.data.phrase_table import load_phrases
+from components.data.shard_index import indexing_progress, sample_counts
+from components.data.stream import TrainBatches, check_phrases_field, expand_shards, inputs_identity
 from components.method.methods import method_for
 from components.method.models import model_config, trims_phrases
 from components.method.module import TrainingModule
@@ -101,15 +102,6 @@ def needs_phrases(params: TrainParams) -> bool:
     return method_for(params.method.name).needs_phrases or params.data.phrases_as_captions > 0
 
 
-def _indexing_progress(shards: list[str]):
-    """A progress bar over the shards when some have no cached table yet (the first launch on a dataset)."""
-    if uncached(shards) < 2:
-        return iter
-    from tqdm import tqdm
-
-    return lambda items: tqdm(items, desc="indexing shards", unit="shard", file=sys.stderr, mininterval=5)
-
-
 def preflight(params: TrainParams) -> dict[str, Any]:
     """Every check that needs no model: config, batch arithmetic, data, concepts, init path."""
     world = world_size_for(params)
@@ -132,8 +124,8 @@ def preflight(params: TrainParams) -> dict[str, Any]:
     elif init != "scratch" and Path(init).is_file():
         check_weights_file(Path(init))  # likewise a damaged checkpoint file
     # every shard's table (its samples' offsets), read from the tar headers once per shard content and cached: a
-    # damaged shard is named here; a relaunch reads a few kilobytes per shard (components.data.shard_index)
-    total = sum(sample_counts(shards, progress=_indexing_progress(shards)))
+    # damaged shard is named here; a relaunch reads one small file (components.data.shard_index)
+    total = sum(sample_counts(shards, progress=indexing_progress(shards)))
     if total < params.global_batch:
         raise ParamsError(f"data.shards: {total} samples in {len(shards)} shard(s), fewer than one global batch ({params.global_batch})")
     if k := params.method.hard_examples.neighbour_images:  # before the model loads: each image needs k others

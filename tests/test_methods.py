@@ -20,6 +20,7 @@ from components import compare
 from components.data import shapesworld as sw
 from components.data import shapesworld_rules as rules
 from components.data import stream
+from components.data.phrase_table import load_phrases
 from components.method import batches, losses
 from components.method import hard_examples as he
 from components.method.methods import method_for
@@ -242,7 +243,7 @@ def _batches(params: TrainParams, tmp_path, n: int, accumulation: int = 1):
 
     _, transform, _, tokenizer = create_model(params.model.name, pretrained=None)
     shards = stream.expand_shards(params.data.shards)
-    phrases = stream.load_phrases(params.data.concepts_dir)
+    phrases = load_phrases(params.data.concepts_dir)
     data = stream.TrainBatches(params, shards, 0, 1, 0, transform, tokenizer, phrases, method_for(params.method.name).make_batch, accumulation)
     return [b for _, b in zip(range(n), iter(data), strict=False)], tokenizer
 
@@ -407,7 +408,8 @@ def test_a_c2lip_arm_on_another_caption_learns_that_captions_phrases(tiny_data, 
     params = CompareParams.model_validate({
         "concepts_params": str(concepts_file), "seeds": [0], "arms": arms, "reference": "c2lip", "output_dir": str(tmp_path / "runs"),
         "common": {"data": {"shards": [str(tiny_data / "captions" / "train" / "*.tar")], "concepts_dir": str(world_phrases)},
-                   "test_shards": [str(tiny_data / "captions" / "test" / "*.tar")], "curves": {"enabled": False}}})
+                   "test_shards": [str(tiny_data / "captions" / "test" / "*.tar")], "curves": {"enabled": False},
+                   "global_batch": 32, "micro_batch": 32}})  # an epoch of the 64 tiny images holds a global batch
     runs = {r.arm: r for r in compare.plan(params)}
     short_phrases = tmp_path / "concepts-short" / "train"
     assert (runs["c2lip"].phrases_field, Path(runs["c2lip"].train.data.concepts_dir)) == (None, world_phrases)
@@ -423,11 +425,11 @@ def test_a_c2lip_arm_on_another_caption_learns_that_captions_phrases(tiny_data, 
     assert stream.phrases_parsed_from(short_phrases) == ["short"]
     preflight(runs["c2lip_short"].train)  # now it starts
     table = pq.read_table(manifest).to_pandas().set_index("key")
-    learned = stream.load_phrases(short_phrases)
+    learned = load_phrases(short_phrases)
     assert set(learned) == set(table[table.split == "train"].index)
     # every phrase is words of the short caption; the long caption's phrases include ones the short caption never names
     assert all(p.lower() in table.short[k].lower() for k, phrases in learned.items() for p in phrases)
-    dense = stream.load_phrases(world_phrases)
+    dense = load_phrases(world_phrases)
     assert any(p.lower() not in table.short[k].lower() for k, phrases in dense.items() for p in phrases)
 
 

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from components import train as train_stage
 from components.data import stream
+from components.data.phrase_table import load_phrases
 from components.method import optim
 from components.method.methods import method_for
 from components.method.models import TINY_RN, TINY_SIGLIP, create_model
@@ -124,7 +125,7 @@ def _batches(data: Path, out: Path, start: int, count: int, workers: int, rank: 
     params = TrainParams.model_validate(tiny_train(data, out, data={"workers": workers, **data_options}))
     _, transform, _, tokenizer = create_model(TINY_SIGLIP)
     shards = stream.expand_shards(params.data.shards)
-    phrases = stream.load_phrases(params.data.concepts_dir)
+    phrases = load_phrases(params.data.concepts_dir)
     dataset = stream.TrainBatches(params, shards, rank, world, start, transform, tokenizer, phrases, method_for(params.method.name).make_batch)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
     it = iter(loader)

@@ -127,6 +127,17 @@ def uncached(shards: Iterable[str]) -> int:
     return sum(not _entry(shard).is_file() for shard in shards)
 
 
+def indexing_progress(shards: list[str]) -> Callable[[Iterable], Iterable]:
+    """A progress bar over the shards when several have no table yet (the first launch on a dataset), else none."""
+    if uncached(shards) < 2:
+        return iter
+    import sys
+
+    from tqdm import tqdm
+
+    return lambda items: tqdm(items, desc="indexing shards", unit="shard", file=sys.stderr, mininterval=5)
+
+
 def sample_counts(shards: Iterable[str], progress: Callable[[Iterable], Iterable] = iter) -> list[int]:
     """Each shard's number of samples, indexing the shards not cached yet (the train stage's preflight: a damaged
     shard is named before any model loads). The counts of a whole shard list are kept in one small file too: a

@@ -15,7 +15,7 @@ import io
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,16 +41,6 @@ def expand_shards(patterns: list[str]) -> list[str]:
             raise ParamsError(f"data.shards: {pattern!r} matches no file (run the captions stage first?)")
         shards.extend(matches)
     return shards
-
-
-def load_phrases(concepts_dir: Path) -> dict[str, list[str]]:
-    """key -> noun phrases, from the concepts stage's Parquet files."""
-    phrases: dict[str, list[str]] = {}
-    for path in sorted(Path(concepts_dir).glob("*.parquet")):
-        table = read_parquet(path, columns=["key", "phrases"])
-        for key, items in zip(table.column("key").to_pylist(), table.column("phrases").to_pylist(), strict=True):
-            phrases[key] = list(items)
-    return phrases
 
 
 def phrases_parsed_from(concepts_dir: Path) -> list[str] | None:
@@ -157,7 +147,7 @@ class BatchContext:
     params: Any
     transform: Callable
     tokenizer: Callable
-    phrases: dict[str, list[str]] | None
+    phrases: Mapping[str, list[str]] | None
     rng: np.random.Generator
     nlp: Callable[[str], Any]
     index: int
@@ -196,12 +186,13 @@ class TrainBatches(IterableDataset):
     the batches b ≡ w (mod workers) and nothing else: DataLoader takes batches from its workers in that same
     round-robin order, so the sequence is identical for any number of workers.
 
+    ``phrases``: key -> noun phrases (:class:`~components.data.phrase_table.PhraseTable`, shared by the workers).
     ``build(decoded, context)`` is the method's batch builder (:mod:`components.method.batches`); with
     ``build=None`` a batch is images and captions only (the logit calibration's batches). Torch's RNG and
     the context's numpy generator are seeded by (seed, rank, batch index) before each batch."""
 
     def __init__(self, params, shards: list[str], rank: int, world: int, start: int, transform, tokenizer,
-                 phrases: dict[str, list[str]] | None, build: Callable | None, accumulation: int = 1, trim_phrases: bool = False,
+                 phrases: Mapping[str, list[str]] | None, build: Callable | None, accumulation: int = 1, trim_phrases: bool = False,
                  neighbours=None):
         self.params, self.shards, self.rank, self.world, self.start = params, shards, rank, world, start
         self.transform, self.tokenizer, self.phrases = transform, MemoTokenizer(tokenizer), phrases

@@ -68,8 +68,10 @@ class TrainDataParams(Strict):
         "short", description="The caption field of the crowded scenes picked by binding_alt_text_share (ShapesWorld's "
         "short: the first two objects with their colours and their relation).")
     crop_scale: tuple[float, float] = Field((0.9, 1.0), description="RandomResizedCrop area range.")
-    shuffle_buffer: int = Field(2000, ge=1, description="Samples in the seeded shuffle buffer (one per epoch and rank).")
-    workers: int = Field(1, ge=0, description="DataLoader worker processes per rank (0: decode in the training process).")
+    shuffle_buffer: int = Field(2000, ge=1, description="Samples shuffled together: each epoch permutes the shards, then the samples within "
+                                "consecutive blocks of this many (the same order for any number of ranks and workers).")
+    workers: int = Field(1, ge=0, description="DataLoader worker processes per rank, each reading only its own micro-batches "
+                         "(0: decode in the training process).")
     max_undecodable_images: int = Field(100, ge=0, description="Samples whose image does not decode that are skipped (each "
                                         "replaced in its batch by another sample of that batch, and named in the log) before "
                                         "training stops, counted per data worker.")

@@ -1,0 +1,45 @@
+"""The memory-mapped phrase table: the concepts stage's Parquet files as the mapping a dict filled from them would be."""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from components.data.phrase_table import PhraseTable, load_phrases
+
+
+def _write(path, keys, phrases):
+    pq.write_table(pa.table({"key": keys, "phrases": pa.array(phrases, pa.list_(pa.string()))}), path)
+
+
+def test_the_table_reads_as_the_dict_of_its_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("C2LIP_SHARD_INDEX_CACHE", str(tmp_path / "cache"))
+    concepts = tmp_path / "concepts"
+    concepts.mkdir()
+    _write(concepts / "a.parquet", ["k-10", "k-2", "k-é", "k-1"], [["a red circle"], [], ["ünïcode phrase", "x"], ["one"]])
+    _write(concepts / "b.parquet", ["k-2", "k-3"], [["replaced"], ["a blue square", "a green cross"]])
+    expected = {"k-10": ["a red circle"], "k-2": ["replaced"], "k-é": ["ünïcode phrase", "x"], "k-1": ["one"],
+                "k-3": ["a blue square", "a green cross"]}  # b.parquet's k-2 wins, as a dict filled file by file
+    table = load_phrases(concepts)
+    assert isinstance(table, PhraseTable) and dict(table) == expected and len(table) == 5
+    assert "k-1" in table and "k-" not in table and "k-100" not in table and 7 not in table
+    with pytest.raises(KeyError):
+        table["k-0"]
+    again = pickle.loads(pickle.dumps(table))  # a spawned loader worker maps the same files
+    assert dict(again) == expected and again.folder == table.folder
+    assert load_phrases(concepts).folder == table.folder  # converted once
+    # a rerun of the concepts stage rewrites its files: another table
+    _write(concepts / "b.parquet", ["k-3"], [["a yellow star"]])
+    rerun = load_phrases(concepts)
+    assert rerun.folder != table.folder and rerun["k-3"] == ["a yellow star"] and rerun["k-2"] == []
+    assert dict(table) == expected  # a process still reading the old one keeps it
+
+
+def test_an_empty_concepts_folder_is_an_empty_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("C2LIP_SHARD_INDEX_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "concepts").mkdir()
+    table = load_phrases(tmp_path / "concepts")
+    assert len(table) == 0 and "x" not in table and list(table) == []
