@@ -254,7 +254,8 @@ def finish(params: CaptionsParams, plans: list[ShardPlan], extra: dict[str, Any]
         manifest = pa.concat_tables(tables)
     else:
         manifest = manifest_table({f: [] for f in ["key", "split", "shard", *manifest_fields(params), "object_phrases"]})
-    atomic_write_parquet(out / "manifest.parquet", manifest)
+    # row groups of about a shard: a reader of one shard's rows (a Dask worker of the concepts stage) skips the rest
+    atomic_write_parquet(out / "manifest.parquet", manifest, row_group_size=max(1, params.shard_size))
     total = sum(written.values())
     return {
         "source": params.source,

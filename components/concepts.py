@@ -248,19 +248,23 @@ def prepare_output(params: ConceptsParams) -> None:
 
 @dataclass
 class ConceptsPlan:
-    """The manifest's rows grouped by shard, and the shards still to parse."""
+    """The manifest's rows grouped by shard (in Arrow: the captions never become a Python list of the whole
+    manifest), and the shards still to parse."""
 
     manifest: pa.Table
-    rows: dict[str, list]
-    shards: dict[str, list[int]]  # shard -> row indices
+    grouped: pa.Table  # key, shard and the caption columns, each shard's rows together and in the manifest's order
+    shards: dict[str, tuple[int, int]]  # shard -> (its first row in ``grouped``, its rows), in manifest order
     todo: list[str]
     parsed_from: list[str]  # the caption fields the phrases come from (caption_names)
 
+    def size(self, shard: str) -> int:
+        return self.shards[shard][1]
+
     def keys(self, shard: str) -> list[str]:
-        return [self.rows["key"][i] for i in self.shards[shard]]
+        return self.grouped["key"].slice(*self.shards[shard]).to_pylist()
 
     def texts(self, shard: str, field: str) -> list[str | None]:
-        return [self.rows[field][i] for i in self.shards[shard]]
+        return self.grouped[field].slice(*self.shards[shard]).to_pylist()
 
 
 def plan(params: ConceptsParams, nlp=None) -> ConceptsPlan:
@@ -273,12 +277,25 @@ def plan(params: ConceptsParams, nlp=None) -> ConceptsPlan:
     if nlp is None:
         load_nlp(params)
     prepare_output(params)
-    rows = manifest.select(["key", "shard", params.caption_field]).to_pydict()
-    shards: dict[str, list[int]] = {}
-    for i, shard in enumerate(rows["shard"]):
-        shards.setdefault(shard, []).append(i)
+    column = manifest["shard"]
+    # Arrow's sort is stable: each shard's rows stay in manifest order; UTF-8 byte order is str order, so the
+    # sorted names give each shard's first row
+    grouped = manifest.select(["key", "shard", params.caption_field]).take(pc.sort_indices(column))
+    counts = {v["values"]: v["counts"] for v in pc.value_counts(column).to_pylist()}
+    first, starts = 0, {}
+    for name in sorted(counts):
+        starts[name], first = first, first + counts[name]
+    shards = {name: (starts[name], counts[name]) for name in pc.unique(column).to_pylist()}
     todo = [s for s in shards if not output_path(params, s).is_file()]
-    return ConceptsPlan(manifest, rows, shards, todo, caption_names(manifest, params.caption_field))
+    return ConceptsPlan(manifest, grouped, shards, todo, caption_names(manifest, params.caption_field))
+
+
+def shard_rows(params: ConceptsParams, shard: str) -> tuple[list[str], list[str | None]]:
+    """One shard's keys and captions, read from the manifest by the process that parses them (a Dask worker):
+    Parquet's row-group statistics skip the other shards' rows. Only for a caption column of the manifest itself."""
+    table = pq.read_table(params.manifest, columns=["key", "split", "shard", params.caption_field],
+                          filters=[("shard", "=", shard), ("split", "in", list(params.splits))])
+    return table["key"].to_pylist(), table[params.caption_field].to_pylist()
 
 
 def extract_shard(nlp, params: ConceptsParams, shard: str, keys: list[str], texts: list[str | None], parsed_from: list[str]) -> int:
@@ -315,14 +332,14 @@ def _run(params: ConceptsParams) -> dict[str, Any]:
 
     n_process = params.n_process or os.cpu_count() or 1
     captions = (text for s in todo for text in work.texts(s, params.caption_field))
-    total = sum(len(shards[s]) for s in todo)
+    total = sum(work.size(s) for s in todo)
     started = time.perf_counter()
     bar = tqdm(total=total, desc="concepts", unit="caption", file=sys.stderr, smoothing=0.1)
     results = extract(nlp, captions, params, n_process=n_process if total > params.batch_size else 1)
     for shard in todo:
-        shard_results = [next(results) for _ in shards[shard]]
+        shard_results = [next(results) for _ in range(work.size(shard))]
         write_shard(params, shard, work.keys(shard), shard_results, work.parsed_from)
-        bar.update(len(shards[shard]))
+        bar.update(work.size(shard))
     if next(results, None) is not None:  # runs the stream to its end, which also stops spaCy's workers
         raise RuntimeError("spaCy returned more results than captions were sent")
     bar.close()

@@ -1,29 +1,40 @@
 """The captions and concepts stages sharded over a Dask cluster by Prefect task mapping.
 
-    python -m flows.sharded --address tcp://scheduler:8786      # an existing cluster
+    python -m flows.sharded --address tcp://scheduler:8786      # an existing cluster (or DASK_SCHEDULER)
     python -m flows.sharded --workers 8                         # a local cluster of 8 processes
 
 Each shard is one Prefect task (the stage's own ``write_shard`` / per-shard extraction), mapped over
 the shard plan and run by ``prefect_dask.DaskTaskRunner``, so thousands of shards spread over a
 cluster; the stage's own ``finish`` / ``summarise`` then writes the manifest and the stats. The outputs
 are the stages' outputs, byte for byte: the same params give the same shards whichever path wrote them
-(tested with a local cluster of 2 workers), so DVC and the train stage cannot tell them apart. Finished
-shards are skipped, as in the stages. Sources that fetch from the network in bulk (``source: table``)
-keep the stage's own concurrent download path.
+(tested with a scheduler and two workers started as the docs say), so DVC and the train stage cannot tell
+them apart. Finished shards are skipped, as in the stages. Sources that fetch from the network in bulk
+(``source: table``) keep the stage's own concurrent download path.
+
+Workers on other machines write where the driver will read: every path of the params is made absolute
+against the driver's working directory (the workspace) before a task is sent, and before any work each
+worker must read a file the driver wrote there (a worker that sees another filesystem stops the flow at
+once, named). A concepts task reads its own shard's captions from the manifest (no caption passes through
+the scheduler); the driver holds the manifest as Arrow columns, never as Python lists.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from prefect import flow, task, unmapped
 from prefect.cache_policies import NO_CACHE
 
 from components import captions, concepts
 from components.shared.params import CaptionsParams, ConceptsParams, load_params
+
+SCHEDULER_VARIABLE = "DASK_SCHEDULER"  # the deployment's default scheduler address (infra/prefect.yaml)
 
 _NLP: dict[str, Any] = {}  # one spaCy pipeline per worker process, loaded by its first shard
 
@@ -39,15 +50,35 @@ def caption_shard(params_json: str, plan: dict, plan_index: int) -> dict[str, An
 
 
 @task(cache_policy=NO_CACHE, retries=2, task_run_name="concepts {shard}")
-def concept_shard(params_json: str, shard: str, keys: list[str], texts: list[str | None], parsed_from: list[str]) -> int:
+def concept_shard(params_json: str, shard: str, parsed_from: list[str], captions: tuple[list[str], list[str | None]] | None = None) -> int:
+    """Parse one shard. ``captions`` (keys, texts) only when the caption field is not a manifest column (a recaption
+    field, joined by the driver); otherwise the task reads its shard's rows itself."""
     params = ConceptsParams.model_validate_json(params_json)
+    keys, texts = captions if captions is not None else concepts.shard_rows(params, shard)
     if params.spacy_model not in _NLP:
         _NLP[params.spacy_model] = concepts.load_nlp(params)
     return concepts.extract_shard(_NLP[params.spacy_model], params, shard, keys, texts, parsed_from)
 
 
+def absolute(params):
+    """``params`` with every relative path made absolute against this process's working directory: a Dask worker
+    started in another folder, or on another machine with the workspace at the same path, writes where this
+    process will read."""
+    def resolve(value):
+        if isinstance(value, Path):
+            return value if value.is_absolute() else Path.cwd() / value
+        if isinstance(value, dict):
+            return {k: resolve(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        return value
+
+    return type(params).model_validate(resolve(params.model_dump()))
+
+
 def sharded_captions(params: CaptionsParams) -> dict[str, Any]:
     """The captions stage with its shards as mapped tasks (parallel sources)."""
+    params = absolute(params)
     source, plans, todo = captions.plan(params)
     if not source.parallel:
         return captions.run(params)  # bulk downloads: the stage's own concurrent path
@@ -59,12 +90,53 @@ def sharded_captions(params: CaptionsParams) -> dict[str, Any]:
 
 def sharded_concepts(params: ConceptsParams) -> dict[str, Any]:
     """The concepts stage with its shards as mapped tasks."""
+    params = absolute(params)
     work = concepts.plan(params)
-    futures = concept_shard.map(params.model_dump_json(), work.todo, [work.keys(s) for s in work.todo],
-                                [work.texts(s, params.caption_field) for s in work.todo], unmapped(work.parsed_from))
+    in_manifest = params.caption_field in pq.read_schema(params.manifest).names
+    captions = [None if in_manifest else (work.keys(s), work.texts(s, params.caption_field)) for s in work.todo]
+    futures = concept_shard.map(params.model_dump_json(), work.todo, unmapped(work.parsed_from), captions)
     futures.wait()
     futures.result()
     return concepts.complete(params, work, concepts.load_nlp(params) if params.quality_samples else None)
+
+
+class WorkersCannotSeeTheWorkspace(RuntimeError):
+    pass
+
+
+def _reads(path: str, expected: str) -> str | None:
+    """On a worker: None when it reads ``expected`` from ``path``, else why not."""
+    try:
+        got = Path(path).read_text()
+    except OSError as err:
+        return f"{err.strerror or err} (working directory {os.getcwd()})"
+    return None if got == expected else "it reads other content there"
+
+
+def check_workers_see_workspace(address: str, workspace: Path) -> int:
+    """Every worker of the scheduler at ``address`` must read a file this process writes in ``workspace`` (a shared
+    filesystem at the same path); returns the number of workers. Raises WorkersCannotSeeTheWorkspace naming them."""
+    from distributed import Client
+
+    token = workspace / f".c2lip-dask-check-{uuid.uuid4().hex}"
+    secret = uuid.uuid4().hex
+    token.write_text(secret)
+    try:
+        with Client(address, timeout="600s") as client:
+            answers = client.run(_reads, str(token), secret)
+    finally:
+        token.unlink(missing_ok=True)
+    if not answers:
+        raise WorkersCannotSeeTheWorkspace(f"the Dask scheduler at {address} has no workers; start them with "
+                                           f"`dask worker {address}` from this checkout (docs/stages/captions.md)")
+    blind = {worker: why for worker, why in answers.items() if why}
+    if blind:
+        raise WorkersCannotSeeTheWorkspace(
+            f"{len(blind)} of {len(answers)} Dask worker(s) cannot read {token} that this process wrote: "
+            + "; ".join(f"{w}: {why}" for w, why in sorted(blind.items()))
+            + f". Every worker needs the workspace {workspace} at the same path (a shared filesystem) and this checkout on "
+            "its PYTHONPATH; nothing was written.")
+    return len(answers)
 
 
 @flow(name="c2lip-data-sharded", log_prints=True)
@@ -76,22 +148,35 @@ def sharded_data(captions_params: str = "params/captions.yaml", concepts_params:
 
 
 def with_dask(address: str | None = None, workers: int = 2):
-    """``sharded_data`` on a Dask cluster: an existing scheduler, or a local cluster of ``workers`` processes."""
+    """``sharded_data`` on a Dask cluster: an existing scheduler (checked first: every worker must see this
+    workspace), or a local cluster of ``workers`` processes."""
     from prefect_dask import DaskTaskRunner
 
+    if address:
+        check_workers_see_workspace(address, Path.cwd())
     runner = (DaskTaskRunner(address=address) if address
               else DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True}))
     return sharded_data.with_options(task_runner=runner)
 
 
+@flow(name="c2lip-data-on-dask", log_prints=True)
+def data_on_dask(captions_params: str = "params/captions.yaml", concepts_params: str = "params/concepts.yaml",
+                 scheduler: str | None = None, workers: int = 2) -> dict[str, Any]:
+    """The ``data-sharded`` deployment: captions and concepts on the Dask scheduler ``scheduler`` (default: the
+    DASK_SCHEDULER variable; neither: a local cluster of ``workers`` processes)."""
+    address = scheduler or os.environ.get(SCHEDULER_VARIABLE) or None
+    print(f"data on Dask: {address or f'a local cluster of {workers} processes'}")
+    return with_dask(address, workers)(captions_params, concepts_params)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--address", default=None, help="Dask scheduler address (default: a local cluster)")
+    parser.add_argument("--address", default=None, help=f"Dask scheduler address (default: ${SCHEDULER_VARIABLE}, else a local cluster)")
     parser.add_argument("--workers", type=int, default=2, help="local cluster processes")
     parser.add_argument("--captions-params", default="params/captions.yaml")
     parser.add_argument("--concepts-params", default="params/concepts.yaml")
     args = parser.parse_args(argv)
-    print(with_dask(args.address, args.workers)(args.captions_params, args.concepts_params))
+    print(data_on_dask(args.captions_params, args.concepts_params, args.address, args.workers))
     return 0
 
 

@@ -71,9 +71,9 @@ def atomic_write_json(path: Path, obj: Any, sort_keys: bool = True) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n").encode())
 
 
-def atomic_write_parquet(path: Path, table: pa.Table) -> None:
+def atomic_write_parquet(path: Path, table: pa.Table, row_group_size: int | None = None) -> None:
     buf = pa.BufferOutputStream()
-    pq.write_table(table, buf)
+    pq.write_table(table, buf, row_group_size=row_group_size)
     atomic_write_bytes(path, buf.getvalue().to_pybytes())
 
 
