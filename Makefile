@@ -28,6 +28,15 @@ export PATH := $(VENV)/bin:$(PATH)
 # Prefect keeps its local state (the ephemeral server's database, settings) inside the project.
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 
+# DVC remotes besides S3 (installed with the project), on request: `make install REMOTES="gs azure"` (Google Cloud
+# Storage, Azure Blob). The set is recorded in .venv, so a later install (a changed uv.lock) keeps it; asking for
+# another set installs again.
+REMOTES_FILE := $(VENV)/.c2lip-remotes
+INSTALLED_REMOTES := $(strip $(shell cat $(REMOTES_FILE) 2>/dev/null))
+REMOTES ?= $(INSTALLED_REMOTES)
+# another set than the installed one: the stamp below depends on a phony target, so the install runs again
+REMOTES_CHANGED := $(if $(filter-out $(INSTALLED_REMOTES),$(REMOTES))$(filter-out $(REMOTES),$(INSTALLED_REMOTES)),remotes-changed)
+
 .PHONY: run test install serve compare clean-data example-run lint docs docs-serve params-reference
 
 # The Prefect flow c2lip (deployment "full") once, locally: every DVC stage, DVC push, registration. A workspace another
@@ -74,8 +83,12 @@ params-reference: $(STAMP)
 # --compile-bytecode: Python's .pyc files written at install time. Machines that set PYTHONDONTWRITEBYTECODE
 # (ours do) otherwise compile torch, DeepSpeed and MLflow from source in every new process: ~45 s of each
 # stage subprocess, and most of `make test`'s time (a tiny train run: 85 s without, 26 s with; +70 s install).
-$(STAMP): pyproject.toml uv.lock | $(UV)
-	$(UV) sync --frozen --python 3.11 --compile-bytecode
+.PHONY: remotes-changed
+remotes-changed: ;
+
+$(STAMP): pyproject.toml uv.lock $(REMOTES_CHANGED) | $(UV)
+	$(UV) sync --frozen --python 3.11 --compile-bytecode $(foreach remote,$(REMOTES),--extra $(remote))
+	echo "$(REMOTES)" > $(REMOTES_FILE)
 	touch $@
 
 $(CURDIR)/.tools/bin/uv:

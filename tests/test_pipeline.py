@@ -11,9 +11,10 @@ import yaml
 from conftest import REPO
 
 
-def _make_dry_run(workdir: Path) -> str:
+def _make_dry_run(workdir: Path, *variables: str) -> str:
     env = {**os.environ, "UV": "/bin/true"}
-    out = subprocess.run(["make", "-n", "install"], cwd=workdir, env=env, capture_output=True, text=True, check=True)
+    env.pop("REMOTES", None)
+    out = subprocess.run(["make", "-n", "install", *variables], cwd=workdir, env=env, capture_output=True, text=True, check=True)
     return out.stdout
 
 
@@ -28,6 +29,27 @@ def test_make_installs_only_when_the_lock_or_project_changed(tmp_path):
     later = time.time() + 5
     os.utime(tmp_path / "uv.lock", (later, later))
     assert "sync --frozen" in _make_dry_run(tmp_path)  # the lock changed: install again
+
+
+def test_other_dvc_remotes_install_on_request_and_later_installs_keep_them(tmp_path):
+    for name in ("Makefile", "pyproject.toml", "uv.lock"):
+        shutil.copy(REPO / name, tmp_path / name)
+    stamp = tmp_path / ".venv" / ".c2lip-installed"
+    stamp.parent.mkdir()
+    stamp.touch()
+    assert "sync" not in _make_dry_run(tmp_path)
+    asked = _make_dry_run(tmp_path, "REMOTES=gs azure")  # installed, but another set of remotes asked for
+    assert "sync --frozen --python 3.11 --compile-bytecode --extra gs --extra azure" in asked
+    (tmp_path / ".venv" / ".c2lip-remotes").write_text("gs azure\n")  # what that install records
+    assert "sync" not in _make_dry_run(tmp_path) and "sync" not in _make_dry_run(tmp_path, "REMOTES=azure gs")
+    later = time.time() + 5
+    os.utime(tmp_path / "uv.lock", (later, later))
+    assert "--extra gs --extra azure" in _make_dry_run(tmp_path)  # a changed lock reinstalls them too
+    assert "--extra" not in _make_dry_run(tmp_path, "REMOTES=")  # and they can be dropped
+    extras = {"gs", "azure"}
+    import tomllib
+
+    assert extras <= set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
 
 
 def test_ci_runs_the_readme_commands_in_the_readme_order():
