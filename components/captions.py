@@ -103,6 +103,7 @@ def write_shard(params: CaptionsParams, plan: ShardPlan, samples: Iterable[RawSa
 
     tar_path, part_path, done_path = part_paths(params.output_dir, plan)
     tar_path.parent.mkdir(parents=True, exist_ok=True)
+    waited = [0.0]  # seconds spent waiting on the source: a URL table's downloads
     fields = params.caption_fields()
     columns: dict[str, list] = {"key": [], "split": [], "shard": [], **{f: [] for f in manifest_fields(params)}, "object_phrases": []}
     skipped: Counter[str] = Counter()
@@ -112,7 +113,7 @@ def write_shard(params: CaptionsParams, plan: ShardPlan, samples: Iterable[RawSa
     with open(tmp, "wb") as stream:
         # mtime fixed: the same samples give byte-identical tars, so DVC sees no spurious change
         writer = wds.TarWriter(stream, mtime=0)
-        for position, sample in enumerate(samples):
+        for position, sample in enumerate(_timed(samples, waited)):
             if isinstance(sample, Skip):
                 skipped[sample.reason] += 1
                 examples.setdefault(sample.reason, [])
@@ -143,9 +144,25 @@ def write_shard(params: CaptionsParams, plan: ShardPlan, samples: Iterable[RawSa
         "skipped": dict(skipped),
         "skip_examples": examples,
         "seconds": round(time.perf_counter() - started, 3),
+        "source_seconds": round(waited[0], 3),
     }
     atomic_write_json(done_path, stats)
     return stats
+
+
+def _timed(samples: Iterable, waited: list[float]):
+    """``samples``, adding the time spent waiting for each to ``waited[0]``."""
+    iterator = iter(samples)
+    while True:
+        start = time.perf_counter()
+        sample = next(iterator, _END)
+        waited[0] += time.perf_counter() - start
+        if sample is _END:
+            return
+        yield sample
+
+
+_END = object()
 
 
 def manifest_fields(params: CaptionsParams) -> list[str]:
@@ -171,8 +188,16 @@ def _init_worker(params_json: str) -> None:
     _WORKER_SOURCE = make_source(CaptionsParams.model_validate_json(params_json))
 
 
+def build_shard(source, plan: ShardPlan) -> dict[str, Any]:
+    """One shard from its source (in this process, a pool worker or a Dask worker); the source's scratch for it goes
+    once the shard is finished."""
+    stats = write_shard(source.params, plan, source.samples(plan))
+    source.done(plan)
+    return stats
+
+
 def _build_in_worker(plan: ShardPlan) -> tuple[ShardPlan, dict[str, Any]]:
-    return plan, write_shard(_WORKER_SOURCE.params, plan, _WORKER_SOURCE.samples(plan))
+    return plan, build_shard(_WORKER_SOURCE, plan)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -197,24 +222,23 @@ def _run(params: CaptionsParams) -> dict[str, Any]:
         print(f"captions: {kept} of {len(plans)} shards already finished, building {len(todo)}", file=sys.stderr)
 
     workers = params.workers or os.cpu_count() or 1
+    built = 0
     bar = tqdm(total=len(todo), desc=f"captions ({params.source})", unit="shard", file=sys.stderr)
-    if source.parallel and workers > 1 and len(todo) > 1:
+    if workers > 1 and len(todo) > 1:
         ctx = mp.get_context("fork")  # the stage imports no threads-holding library before forking
         with ctx.Pool(min(workers, len(todo)), initializer=_init_worker, initargs=(params.model_dump_json(),)) as pool:
             for _plan, stats in pool.imap_unordered(_build_in_worker, todo):
+                built += stats["written"]
                 bar.update()
-                bar.set_postfix(written=stats["written"])
-    elif source.parallel:
-        for shard_plan in todo:
-            write_shard(params, shard_plan, source.samples(shard_plan))
-            bar.update()
+                bar.set_postfix(written=built)
     else:
-        for shard_plan, rows in source.shard_rows(todo):
-            write_shard(params, shard_plan, source.fetch_all(rows))
+        for shard_plan in todo:
+            built += build_shard(source, shard_plan)["written"]
             bar.update()
+            bar.set_postfix(written=built)
     bar.close()
 
-    return complete(params, plans, source.summary(), time.perf_counter() - started)
+    return complete(params, plans, source.summary(), time.perf_counter() - started, built)
 
 
 def plan(params: CaptionsParams) -> tuple[Any, list[ShardPlan], list[ShardPlan]]:
@@ -223,14 +247,19 @@ def plan(params: CaptionsParams) -> tuple[Any, list[ShardPlan], list[ShardPlan]]
     source = make_source(params)  # the source is opened, read through and checked before any output is touched
     plans = source.plan()
     prepare_output(params, source)
-    return source, plans, [p for p in plans if not part_paths(params.output_dir, p)[2].is_file()]
+    todo = [p for p in plans if not part_paths(params.output_dir, p)[2].is_file()]
+    source.prepare(todo)  # a URL table's rows, one small file per shard: any process can build any shard
+    return source, plans, todo
 
 
-def complete(params: CaptionsParams, plans: list[ShardPlan], source_summary: dict[str, Any], seconds: float | None = None) -> dict[str, Any]:
+def complete(params: CaptionsParams, plans: list[ShardPlan], source_summary: dict[str, Any], seconds: float | None = None,
+             built: int = 0) -> dict[str, Any]:
     """The manifest and stats of finished shards (:func:`finish`), written with the contact sheet; returns the stats."""
     stats = finish(params, plans, source_summary)
-    if seconds is not None:
+    if seconds is not None:  # this run's wall time, and what it built in it (a resumed run builds fewer shards)
         stats["run_seconds"] = round(seconds, 3)
+        stats["run_samples"] = built
+        stats["run_samples_per_second"] = round(built / seconds, 1) if seconds > 0 else None
     atomic_write_json(params.stats_path, stats)
     if params.contact_sheet is not None and stats["samples_written"] > 0:
         contact_sheet(params, params.contact_sheet)
@@ -240,7 +269,7 @@ def complete(params: CaptionsParams, plans: list[ShardPlan], source_summary: dic
 def finish(params: CaptionsParams, plans: list[ShardPlan], extra: dict[str, Any]) -> dict[str, Any]:
     """Join the manifest parts in shard order and add up the per-shard stats."""
     out = params.output_dir
-    tables, written, skipped, examples, build_seconds = [], Counter(), Counter(), {}, 0.0
+    tables, written, skipped, examples, build_seconds, source_seconds = [], Counter(), Counter(), {}, 0.0, 0.0
     for plan in plans:
         _, part, done = part_paths(out, plan)
         shard_stats = json.loads(done.read_text())
@@ -250,6 +279,7 @@ def finish(params: CaptionsParams, plans: list[ShardPlan], extra: dict[str, Any]
         for reason, ex in shard_stats["skip_examples"].items():
             examples.setdefault(reason, []).extend(ex[: SKIP_EXAMPLES - len(examples.get(reason, []))])
         build_seconds += shard_stats["seconds"]
+        source_seconds += shard_stats.get("source_seconds", 0.0)
     if tables:
         manifest = pa.concat_tables(tables)
     else:
@@ -266,8 +296,10 @@ def finish(params: CaptionsParams, plans: list[ShardPlan], extra: dict[str, Any]
         "skipped": dict(sorted(skipped.items())),
         "skipped_total": sum(skipped.values()),
         "skip_examples": examples,
+        # per shard, added over the shards (over processes, so more than the run's wall time when several ran at once)
         "build_seconds": round(build_seconds, 3),
-        "samples_per_second": round(total / build_seconds, 1) if build_seconds else None,
+        "source_seconds": round(source_seconds, 3),  # of which waiting on the source: a URL table's downloads
+        "samples_per_second_per_process": round(total / build_seconds, 1) if build_seconds else None,
         **extra,
     }
 

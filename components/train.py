@@ -126,13 +126,13 @@ def preflight(params: TrainParams) -> dict[str, Any]:
     # every shard's table (its samples' offsets), read from the tar headers once per shard content and cached: a
     # damaged shard is named here; a relaunch reads one small file (components.data.shard_index)
     total = sum(sample_counts(shards, progress=indexing_progress(shards)))
-    if total < params.global_batch:
-        raise ParamsError(f"data.shards: {total} samples in {len(shards)} shard(s), fewer than one global batch ({params.global_batch})")
     if k := params.method.hard_examples.neighbour_images:  # before the model loads: each image needs k others
         from components.data.neighbours import too_few_images
 
         if problem := too_few_images(shards, k):
             raise ParamsError(f"method.hard_examples.neighbour_images: {problem}")
+    if total < params.global_batch:  # an epoch is whole global batches (components.data.sample_order)
+        raise ParamsError(f"data.shards: {total} samples in {len(shards)} shard(s), fewer than one global batch ({params.global_batch})")
     return config
 
 

@@ -3,13 +3,13 @@
     python -m flows.sharded --address tcp://scheduler:8786      # an existing cluster (or DASK_SCHEDULER)
     python -m flows.sharded --workers 8                         # a local cluster of 8 processes
 
-Each shard is one Prefect task (the stage's own ``write_shard`` / per-shard extraction), mapped over
+Each shard is one Prefect task (the stage's own ``build_shard`` / per-shard extraction), mapped over
 the shard plan and run by ``prefect_dask.DaskTaskRunner``, so thousands of shards spread over a
 cluster; the stage's own ``finish`` / ``summarise`` then writes the manifest and the stats. The outputs
 are the stages' outputs, byte for byte: the same params give the same shards whichever path wrote them
 (tested with a scheduler and two workers started as the docs say), so DVC and the train stage cannot tell
-them apart. Finished shards are skipped, as in the stages. Sources that fetch from the network in bulk
-(``source: table``) keep the stage's own concurrent download path.
+them apart. Finished shards are skipped, as in the stages. A URL table's shards download on the workers, each
+with its own download threads.
 
 Workers on other machines write where the driver will read: every path of the params is made absolute
 against the driver's working directory (the workspace) before a task is sent, and before any work each
@@ -46,7 +46,7 @@ def caption_shard(params_json: str, plan: dict, plan_index: int) -> dict[str, An
     params = CaptionsParams.model_validate_json(params_json)
     source = make_source(params)
     shard = ShardPlan(**plan)
-    return captions.write_shard(params, shard, source.samples(shard))
+    return captions.build_shard(source, shard)
 
 
 @task(cache_policy=NO_CACHE, retries=2, task_run_name="concepts {shard}")
@@ -77,11 +77,9 @@ def absolute(params):
 
 
 def sharded_captions(params: CaptionsParams) -> dict[str, Any]:
-    """The captions stage with its shards as mapped tasks (parallel sources)."""
+    """The captions stage with its shards as mapped tasks (a URL table's rows split into a file per shard first)."""
     params = absolute(params)
     source, plans, todo = captions.plan(params)
-    if not source.parallel:
-        return captions.run(params)  # bulk downloads: the stage's own concurrent path
     futures = caption_shard.map(params.model_dump_json(), [vars(p) for p in todo], list(range(len(todo))))
     futures.wait()
     futures.result()  # raises the first failure

@@ -498,7 +498,7 @@ def test_an_undecodable_training_image_is_skipped_and_counted_up_to_a_limit(shar
     params = load_params("train").model_copy(deep=True)
     params.data.shards, params.data.recaptions_dir, params.data.shuffle_buffer = [str(tar)], None, 1
     params.data.caption_field, params.data.single_object_caption_field = "long", None
-    params.micro_batch = 4
+    params.micro_batch = params.global_batch = 4
 
     def batches(limit):
         params.data.max_undecodable_images = limit

@@ -311,6 +311,43 @@ def test_table_resume_skips_finished_shards_without_downloading(tmp_path, server
     assert stats["samples_written"] == 10
 
 
+def test_a_url_table_builds_its_shards_in_parallel_processes_as_one_process_does(tmp_path, server):
+    """Each shard's rows go to a file of their own, so worker processes build shards from them; the shards, manifest
+    and counts equal one process's, the row files are gone afterwards, and the stats count the downloads' time."""
+    base, hits = server
+    import csv
+
+    with open(tmp_path / "t.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(DREAMLIP_HEADER)
+        for i in range(14):
+            writer.writerow([f"{base}/{'missing' if i == 5 else 'good'}.jpg?{i}", "r", "ib", "ib", "s", f"long {i}"])
+    written = {}
+    for workers in (1, 3):
+        params = _table_params(tmp_path / f"w{workers}", tmp_path / "t.csv").model_copy(update={"workers": workers})
+        stats = run(params)
+        assert stats["samples_written"] == 13 and stats["skipped"] == {"http_404": 1} and stats["shards"] == 4
+        assert stats["run_samples"] == 13 and stats["run_samples_per_second"] > 0
+        assert 0 < stats["source_seconds"] <= stats["build_seconds"]  # the shards' time includes their downloads
+        assert not list((params.output_dir / "parts").glob("*.rows.arrow"))  # each shard's rows file, removed when done
+        written[workers] = {p.relative_to(params.output_dir): p.read_bytes() for p in params.output_dir.rglob("*.tar")}
+        written[workers]["manifest"] = (params.output_dir / "manifest.parquet").read_bytes()
+    assert written[1] == written[3]
+
+
+def test_images_over_max_side_are_resized_at_ingestion_and_others_kept_as_they_are():
+    from components.data import sources
+
+    large = _noise_jpeg(300)
+    resized = sources.validate_image(large, max_side=128)
+    assert Image.open(io.BytesIO(resized)).size == (128, 128) and len(resized) < len(large)
+    wide = io.BytesIO()
+    Image.new("RGB", (400, 100), (10, 200, 30)).save(wide, format="PNG")
+    assert Image.open(io.BytesIO(sources.validate_image(wide.getvalue(), max_side=200))).size == (200, 50)
+    assert sources.validate_image(large, max_side=300) == large  # within the size: the original bytes
+    assert sources.validate_image(large, max_side=None) == large
+
+
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 def test_decompression_bomb_is_a_counted_skip(monkeypatch):
     from components.data import sources

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -23,6 +24,7 @@ from PIL import Image
 
 from components.data import shapesworld
 from components.data.download import Skip, download, make_session  # noqa: F401  (Skip: every source's row outcome)
+from components.shared.atomic import atomic_write_bytes
 from components.shared.params import CaptionsParams, TableSourceParams, WebDatasetSourceParams
 from components.shared.redact import redact
 
@@ -53,28 +55,36 @@ class ShardPlan:
         return f"{self.split}/shard-{self.index:06d}"
 
 
-def to_jpeg(data: bytes, quality: int = 95) -> bytes:
-    """Decode ``data`` fully (raises on a corrupt or truncated image) and return RGB JPEG bytes.
+def to_jpeg(data: bytes, quality: int = 95, max_side: int | None = None) -> bytes:
+    """Decode ``data`` fully (raises on a corrupt or truncated image) and return RGB JPEG bytes, at most
+    ``max_side`` pixels on the longer side (aspect kept).
 
-    Bytes that already are a baseline RGB JPEG are kept as they are, so nothing is re-compressed.
+    Bytes that already are a baseline RGB JPEG within the size are kept as they are, so nothing is re-compressed.
     """
     with Image.open(io.BytesIO(data)) as img:
         # a decompression bomb is a bad row, not a crash: checked before the pixels are decoded
         if Image.MAX_IMAGE_PIXELS and img.width * img.height > Image.MAX_IMAGE_PIXELS:
             raise ValueError(f"{img.width}x{img.height} pixels is over PIL's limit of {Image.MAX_IMAGE_PIXELS}")
+        too_large = max_side is not None and max(img.size) > max_side
+        if too_large and img.format == "JPEG":
+            img.draft("RGB", (max_side, max_side))  # JPEG's own downscaled decode: a 2-MP image decodes several times faster
         img.load()
-        if img.format == "JPEG" and img.mode == "RGB":
+        if img.format == "JPEG" and img.mode == "RGB" and not too_large:
             return data
+        out = img.convert("RGB")
+        if max_side is not None and max(out.size) > max_side:
+            scale = max_side / max(out.size)
+            out = out.resize((max(1, round(out.width * scale)), max(1, round(out.height * scale))), Image.Resampling.BICUBIC)
         buf = io.BytesIO()
-        img.convert("RGB").save(buf, format="JPEG", quality=quality)
+        out.save(buf, format="JPEG", quality=quality)
         return buf.getvalue()
 
 
-def validate_image(data: bytes | None) -> bytes | Skip:
+def validate_image(data: bytes | None, max_side: int | None = None) -> bytes | Skip:
     if not data:
         return Skip("empty_image")
     try:
-        return to_jpeg(data)
+        return to_jpeg(data, max_side=max_side)
     except Exception as err:  # PIL raises many types for bad bytes; every one is a skip
         return Skip("undecodable_image", f"{type(err).__name__}: {err}")
 
@@ -101,8 +111,6 @@ def clean_captions(raw: dict[str, Any], caption_field: str) -> dict[str, str] | 
 class ShapesWorldSource:
     """Deterministic synthetic samples; shard i of a split holds indices [i*shard_size, (i+1)*shard_size)."""
 
-    parallel = True  # shards are built in worker processes
-
     def __init__(self, params: CaptionsParams):
         self.params = params
         self.world = params.shapesworld
@@ -122,6 +130,12 @@ class ShapesWorldSource:
             jpg, captions, meta = shapesworld.make_sample(self.world, self.params.seed, plan.split, i, self.held_out)
             yield RawSample(jpg, captions, {"source": "shapesworld", "index": i, **meta})
 
+    def prepare(self, plans: list[ShardPlan]) -> None:
+        """Nothing to stage before the shards are built (each reads its own input)."""
+
+    def done(self, plan: ShardPlan) -> None:
+        """Nothing to clear once a shard is finished."""
+
     def summary(self) -> dict[str, Any]:
         return {"held_out_pairs": [list(p) for p in self.held_out]}
 
@@ -139,8 +153,6 @@ DOWNLOADER_FIELDS = ("url", "status", "width", "height", "original_width", "orig
 class WebDatasetSource:
     """Existing local tar shards: output shard i is input shard i, re-keyed and validated."""
 
-    parallel = True
-
     def __init__(self, params: CaptionsParams):
         self.params = params
         self.cfg: WebDatasetSourceParams = params.webdataset
@@ -153,6 +165,12 @@ class WebDatasetSource:
 
     def plan(self) -> list[ShardPlan]:
         return [ShardPlan("train", i, path) for i, path in enumerate(self.paths)]
+
+    def prepare(self, plans: list[ShardPlan]) -> None:
+        """Nothing to stage before the shards are built (each reads its own input)."""
+
+    def done(self, plan: ShardPlan) -> None:
+        """Nothing to clear once a shard is finished."""
 
     def summary(self) -> dict[str, Any]:
         return {"input_shards": len(self.paths)}
@@ -203,9 +221,11 @@ class WebDatasetSource:
 
 class TableSource:
     """Rows of a CSV/Parquet table, read ``chunk_rows`` at a time; shard i holds rows
-    [i*shard_size, (i+1)*shard_size). Images are local paths or URLs fetched in parallel threads."""
+    [i*shard_size, (i+1)*shard_size). Images are local paths or URLs fetched in parallel threads.
 
-    parallel = False  # one shard at a time; parallelism is the download threads
+    Shards are built in parallel processes (the stage's pool, or Dask workers): :meth:`prepare` reads the table
+    once and writes each unfinished shard's rows to a small file of its own beside the shards' done-markers, so
+    a shard task needs only its file, never the whole table; the file goes once the shard is finished."""
 
     def __init__(self, params: CaptionsParams):
         self.params = params
@@ -309,30 +329,55 @@ class TableSource:
     def summary(self) -> dict[str, Any]:
         return {"table": str(self.cfg.path), "malformed_rows": len(self.malformed_rows), "malformed_row_examples": self.malformed_rows[:3]}
 
-    def shard_rows(self, plans: list[ShardPlan]) -> Iterator[tuple[ShardPlan, list[dict[str, Any]]]]:
-        """Rows of each wanted shard in order, reading the table once (plans sorted by start row)."""
-        wanted = iter(sorted(plans, key=lambda p: p.spec[0]))
-        current = next(wanted, None)
-        rows: list[dict[str, Any]] = []
-        for i, row in enumerate(self.rows()):
+    def rows_path(self, plan: ShardPlan) -> Path:
+        return self.params.output_dir / "parts" / f"{plan.split}-{plan.index:06d}.rows.arrow"
+
+    def prepare(self, plans: list[ShardPlan]) -> None:
+        """Each of ``plans``' rows into its own file (an Arrow IPC file of the columns read, as the table holds
+        them), reading the table once; a shard whose file exists already keeps it (a resumed run)."""
+        wanted = [p for p in sorted(plans, key=lambda p: p.spec[0]) if not self.rows_path(p).is_file()]
+        if not wanted:
+            return
+        self.rows_path(wanted[0]).parent.mkdir(parents=True, exist_ok=True)
+        offset, pieces, queue = 0, [], iter(wanted)
+        current = next(queue)
+        for batch in self._batches():
+            while current is not None:
+                start, stop = current.spec
+                low, high = max(start, offset), min(stop, offset + batch.num_rows)
+                if low < high:
+                    pieces.append(batch.slice(low - offset, high - low))
+                if stop > offset + batch.num_rows:
+                    break  # the shard goes on in the next batch
+                self._write_rows(current, pieces, batch.schema)
+                pieces, current = [], next(queue, None)
+            offset += batch.num_rows
             if current is None:
                 return
-            start, stop = current.spec
-            if i < start:
-                continue
-            rows.append(row)
-            if i + 1 == stop:
-                yield current, rows
-                rows, current = [], next(wanted, None)
 
-    def fetch_all(self, rows: list[dict[str, Any]]) -> list[RawSample | Skip]:
-        """Images of ``rows`` fetched with bounded concurrency, in row order."""
+    def _write_rows(self, plan: ShardPlan, pieces: list, schema: pa.Schema) -> None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, schema) as writer:
+            for piece in pieces:
+                writer.write_batch(piece)
+        atomic_write_bytes(self.rows_path(plan), sink.getvalue().to_pybytes())
+
+    def samples(self, plan: ShardPlan) -> Iterator[RawSample | Skip]:
+        """The shard's samples in row order, downloaded with bounded concurrency while the shard is written (the
+        stage's shard timings include the downloads)."""
+        with pa.memory_map(str(self.rows_path(plan))) as source:
+            table = pa.ipc.open_file(source).read_all()
+        rows = [{k: _text(v) for k, v in row.items()} for row in table.to_pylist()]
         session = make_session(self.cfg.download)
         try:
             with ThreadPoolExecutor(max_workers=self.cfg.download.concurrency) as pool:
-                return list(pool.map(lambda row: self._convert(session, row), rows))
+                yield from pool.map(lambda row: self._convert(session, row), rows)
         finally:
             session.close()
+
+    def done(self, plan: ShardPlan) -> None:
+        """The shard is finished: its rows file, which this source wrote, is removed."""
+        self.rows_path(plan).unlink(missing_ok=True)
 
     def _convert(self, session, row: dict[str, Any]) -> RawSample | Skip:
         undecodable = [col for col in self.columns if row.get(col) is UNDECODABLE]
@@ -352,7 +397,7 @@ class TableSource:
             data = self._read_local(location)
         if isinstance(data, Skip):
             return data
-        jpg = validate_image(data)
+        jpg = validate_image(data, self.cfg.max_side)
         if isinstance(jpg, Skip):
             return Skip(jpg.reason, f"{location}: {jpg.detail}")
         return RawSample(jpg, captions, {"source": "table", "image": redact(location)})
