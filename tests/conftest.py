@@ -51,7 +51,8 @@ from components.shared.params import CaptionsParams  # noqa: E402
 # The longest files (measured with --durations on 2 cores), started first. pytest-xdist hands out whole files in
 # collection order (--dist loadfile --no-loadscope-reorder, as make test runs it); by default it starts the files
 # with the most tests first, and these hold few: one of them ran alone at the end while the other worker sat idle.
-LONGEST_FIRST = ("test_end_to_end.py", "test_gpu_check.py", "test_scale_out.py", "test_train.py", "test_make_serve.py", "test_methods.py")
+LONGEST_FIRST = ("test_end_to_end.py", "test_gpu_check.py", "test_scale_out.py", "test_train.py", "test_make_serve.py", "test_methods.py",
+                 "test_flows.py")
 
 
 def pytest_collection_modifyitems(config, items):
