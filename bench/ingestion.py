@@ -7,7 +7,8 @@ A separate process serves ``--images`` distinct JPEGs of ``--side`` x 3/4 ``--si
 The real stage (components.captions.run: rows split into a file per shard, shards built in ``workers``
 processes with 8 download threads each, images resized to max_side 512 at ingestion, tars + manifest + stats)
 runs with workers = 1, 2 and 4, and with max_side off at the widest setting. Prints samples/s from the stage's own
-wall-time figure, the time spent waiting on downloads, and the resized share of bytes.
+wall-time figure, the time spent waiting on the downloads (and the resizing, done in the download threads), the
+bytes a sample takes in the shards, and what a training loader pays to decode an original against a resized image.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import io
 import json
 import os
 import subprocess
@@ -71,6 +73,27 @@ def ingest(table: Path, root: Path, workers: int, max_side: int | None) -> dict:
     return {**stats, "tar_bytes": jpegs}
 
 
+def decode_rates(side: int, max_side: int = 512) -> tuple[float, float]:
+    """JPEG decodes per second on one core of a ``side``-wide photo-like image and of it resized to ``max_side``: what a
+    training loader worker pays per sample for an original against an ingested image."""
+    import numpy as np
+    from PIL import Image
+
+    from components.data.sources import to_jpeg
+
+    field = np.random.default_rng(0).integers(0, 255, (side * 3 // 4 // 8, side // 8, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(field).resize((side, side * 3 // 4), Image.BILINEAR).save(buf, "JPEG", quality=90)
+    rates = []
+    for data in (buf.getvalue(), to_jpeg(buf.getvalue(), max_side=max_side)):
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < 2:
+            Image.open(io.BytesIO(data)).convert("RGB")
+            count += 1
+        rates.append(count / (time.perf_counter() - start))
+    return rates[0], rates[1]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=384)
@@ -103,6 +126,9 @@ def main() -> int:
             one = rows[0][2]["run_samples_per_second"]
             print("  speed-up over 1 process: " + ", ".join(f"{w} -> {s['run_samples_per_second'] / one:.2f}x"
                                                            for w, m, s, _ in rows if m is not None))
+            original, resized = decode_rates(args.side)
+            print(f"  decoding for training, one core: the original {original:.0f} images/s, resized to 512 {resized:.0f} "
+                  f"images/s ({resized / original:.1f}x)")
             print(json.dumps({"samples_per_second": {f"{w}{'' if m else '-originals'}": s["run_samples_per_second"]
                                                      for w, m, s, _ in rows}}))
     finally:
