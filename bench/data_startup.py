@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import subprocess
@@ -30,25 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def write_shards(root: Path, shards: int, per_shard: int) -> list[str]:
-    root.mkdir(parents=True, exist_ok=True)
-    image, paths = bytes(512), []
-    for s in range(shards):
-        path = root / f"shard-{s:04d}.tar"
-        with tarfile.open(path, "w") as tar:
-            for i in range(per_shard):
-                for ext, data in (("jpg", image), ("txt", f"caption {s} {i}".encode())):
-                    info = tarfile.TarInfo(f"s{s:04d}-{i:05d}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        paths.append(str(path))
-    return paths
-
-
 def preflight(root: Path, shards: int, per_shard: int) -> None:
+    from loader import synthetic_shards  # bench/loader.py's writer: a 512-byte stand-in image and a caption per sample
+
     from components.data.shard_index import sample_counts
 
-    paths = write_shards(root / "shards", shards, per_shard)
+    paths = synthetic_shards(root / "shards", shards, per_shard, 512)
     start = time.perf_counter()
     for path in paths:  # the earlier preflight: every member header of every shard, at every launch on every rank
         with tarfile.open(path) as tar:

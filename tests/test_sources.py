@@ -292,15 +292,19 @@ def test_table_missing_column_is_a_clear_error(tmp_path):
         make_source(params)
 
 
-def test_table_resume_skips_finished_shards_without_downloading(tmp_path, server):
-    base, hits = server
+def _url_table(path, urls: list[str]) -> None:
+    """A DreamLIP-columned CSV of ``urls``, row i's long caption 'long i'."""
     import csv
 
-    with open(tmp_path / "t.csv", "w", newline="") as f:
+    with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(DREAMLIP_HEADER)
-        for i in range(10):
-            writer.writerow([f"{base}/good.jpg?{i}", "r", "ib", "ib", "s", f"long {i}"])
+        writer.writerows([url, "r", "ib", "ib", "s", f"long {i}"] for i, url in enumerate(urls))
+
+
+def test_table_resume_skips_finished_shards_without_downloading(tmp_path, server):
+    base, hits = server
+    _url_table(tmp_path / "t.csv", [f"{base}/good.jpg?{i}" for i in range(10)])
     params = _table_params(tmp_path, tmp_path / "t.csv")
     run(params)
     assert sum(hits.values()) == 10
@@ -315,13 +319,7 @@ def test_a_url_table_builds_its_shards_in_parallel_processes_as_one_process_does
     """Each shard's rows go to a file of their own, so worker processes build shards from them; the shards, manifest
     and counts equal one process's, the row files are gone afterwards, and the stats count the downloads' time."""
     base, hits = server
-    import csv
-
-    with open(tmp_path / "t.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(DREAMLIP_HEADER)
-        for i in range(14):
-            writer.writerow([f"{base}/{'missing' if i == 5 else 'good'}.jpg?{i}", "r", "ib", "ib", "s", f"long {i}"])
+    _url_table(tmp_path / "t.csv", [f"{base}/{'missing' if i == 5 else 'good'}.jpg?{i}" for i in range(14)])
     written = {}
     for workers in (1, 3):
         params = _table_params(tmp_path / f"w{workers}", tmp_path / "t.csv").model_copy(update={"workers": workers})
