@@ -43,3 +43,19 @@ def test_an_empty_concepts_folder_is_an_empty_table(tmp_path, monkeypatch):
     (tmp_path / "concepts").mkdir()
     table = load_phrases(tmp_path / "concepts")
     assert len(table) == 0 and "x" not in table and list(table) == []
+
+
+def test_a_cache_that_cannot_be_written_builds_the_table_in_the_temporary_folder(tmp_path, monkeypatch):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("C2LIP_SHARD_INDEX_CACHE", str(blocked / "cache"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
+    concepts = tmp_path / "concepts"
+    concepts.mkdir()
+    _write(concepts / "a.parquet", ["k"], [["a red circle"]])
+    table = load_phrases(concepts)
+    assert table["k"] == ["a red circle"] and (tmp_path / "tmp") in table.folder.parents

@@ -106,9 +106,15 @@ class PhraseTable(Mapping):
 
 
 def load_phrases(concepts_dir: Path) -> PhraseTable:
-    """key -> noun phrases from the concepts stage's Parquet files in ``concepts_dir`` (converted on first use)."""
+    """key -> noun phrases from the concepts stage's Parquet files in ``concepts_dir`` (converted on first use). Where
+    the cache cannot be written (a read-only home), the table is built in the system's temporary folder instead."""
     files = _parquet_files(concepts_dir)
     folder = _folder(files)
     if not (folder / "phrases.arrow").is_file():
-        _build(files, folder)
+        try:
+            _build(files, folder)
+        except OSError:
+            folder = Path(tempfile.gettempdir()) / "c2lip-phrases" / folder.name
+            if not (folder / "phrases.arrow").is_file():
+                _build(files, folder)
     return PhraseTable(folder)
