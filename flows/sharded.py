@@ -15,7 +15,8 @@ Workers on other machines write where the driver will read: every path of the pa
 against the driver's working directory (the workspace) before a task is sent, and before any work each
 worker must read a file the driver wrote there (a worker that sees another filesystem stops the flow at
 once, named). A concepts task reads its own shard's captions from the manifest (no caption passes through
-the scheduler); the driver holds the manifest as Arrow columns, never as Python lists.
+the scheduler); the driver reads the manifest a row group at a time and keeps only its key, split and shard
+columns (:func:`components.concepts.plan_without_captions`).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def sharded_captions(params: CaptionsParams) -> dict[str, Any]:
 def sharded_concepts(params: ConceptsParams) -> dict[str, Any]:
     """The concepts stage with its shards as mapped tasks."""
     params = absolute(params)
-    work = concepts.plan(params)
+    work = concepts.plan_without_captions(params)
     in_manifest = params.caption_field in pq.read_schema(params.manifest).names
     captions = [None if in_manifest else (work.keys(s), work.texts(s, params.caption_field)) for s in work.todo]
     futures = concept_shard.map(params.model_dump_json(), work.todo, unmapped(work.parsed_from), captions)

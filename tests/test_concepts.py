@@ -265,3 +265,30 @@ def test_shapesworld_phrase_quality_meets_its_targets(tmp_path):
         assert stats["quality"][field]["recall"] >= 0.98, stats["quality"]
         assert stats["quality"][field]["precision"] >= 0.9, stats["quality"]
     assert stats["captions_without_phrases"] == 0
+
+
+def test_a_driver_that_leaves_the_captions_to_its_workers_plans_what_the_stage_plans(tmp_path, monkeypatch):
+    """flows/sharded.py's plan reads the manifest a row group at a time and keeps no caption, yet finds the same shards,
+    the same caption fields behind the phrases and the same quality sample as the stage's own plan."""
+    from conftest import tiny_captions
+
+    from components import captions
+
+    cap = tiny_captions(tmp_path / "data", shapesworld={"train_images": 60, "test_images": 20})
+    captions.run(cap)
+    params = ConceptsParams(manifest=cap.output_dir / "manifest.parquet", output_dir=tmp_path / "concepts",
+                            stats_path=tmp_path / "concepts.json", n_process=1, quality_samples=7)
+    assert pq.ParquetFile(params.manifest).num_row_groups > 1  # about a shard a row group
+    concepts.run(params)
+    whole = concepts.plan(params)
+    expected = concepts.complete(params, whole, concepts.load_nlp(params))
+
+    def whole_read(*args):
+        raise AssertionError("the driver read the whole manifest")
+
+    monkeypatch.setattr(concepts, "read_manifest", whole_read)
+    lean = concepts.plan_without_captions(params)
+    assert lean.shards == whole.shards and lean.todo == [] and lean.parsed_from == whole.parsed_from == ["txt", "long"]
+    assert params.caption_field not in lean.grouped.column_names  # no caption held
+    assert expected["quality"]["long"] and lean.manifest.num_rows == 7
+    assert concepts.complete(params, lean, concepts.load_nlp(params)) == expected
