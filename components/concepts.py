@@ -282,12 +282,12 @@ def plan(params: ConceptsParams, nlp=None) -> ConceptsPlan:
     if nlp is None:
         load_nlp(params)
     prepare_output(params)
-    work = _group(params, manifest, ["key", "shard", params.caption_field], manifest)
+    work = group_by_shard(params, manifest, ["key", "shard", params.caption_field], manifest)
     work.parsed_from = caption_names(manifest, params.caption_field)
     return work
 
 
-def _group(params: ConceptsParams, manifest: pa.Table, columns: list[str], source: pa.Table) -> ConceptsPlan:
+def group_by_shard(params: ConceptsParams, manifest: pa.Table, columns: list[str], source: pa.Table) -> ConceptsPlan:
     """The plan of ``manifest``'s rows grouped by shard (``columns`` of ``source`` kept), the shards still to parse."""
     column = manifest["shard"]
     # Arrow's sort is stable: each shard's rows stay in manifest order; UTF-8 byte order is str order, so the
@@ -300,58 +300,6 @@ def _group(params: ConceptsParams, manifest: pa.Table, columns: list[str], sourc
     shards = {name: (starts[name], counts[name]) for name in pc.unique(column).to_pylist()}
     todo = [s for s in shards if not output_path(params, s).is_file()]
     return ConceptsPlan(manifest, grouped, shards, todo, [])
-
-
-def plan_without_captions(params: ConceptsParams) -> ConceptsPlan:
-    """:func:`plan` for a driver whose workers read their own shards' captions (flows/sharded.py): the manifest is read
-    a row group at a time, and only its key, split and shard columns are kept whole; the captions are never held. The
-    caption columns that share the phrases' text (:func:`caption_names`) are found batch by batch, and only the first
-    ``quality_samples`` rows with true phrases are kept for the quality figures. A manifest that needs the whole read
-    (a recaption field, a caption column that is not text) goes through :func:`plan`."""
-    path = params.manifest
-    if not path.is_file():
-        raise ConceptsError(f"manifest: {path} does not exist (run the captions stage first: dvc repro captions)")
-    try:
-        schema = pq.read_schema(path)
-    except (OSError, ValueError) as err:
-        raise CorruptFileError(f"{path}: not a readable Parquet file ({err})") from None
-    field = schema.field(params.caption_field) if params.caption_field in schema.names else None
-    if field is None or not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
-        return plan(params)
-    load_nlp(params)
-    for column in ("key", "split", "shard"):
-        if column not in schema.names:
-            raise ConceptsError(f"{path}: column {column!r} not found; the manifest has {schema.names}")
-    texts = [f.name for f in schema if f.name not in ("key", "split", "shard") and f.type == field.type]
-    quality = [c for c in dict.fromkeys(["key", "object_phrases", *params.quality_fields]) if c in schema.names]
-    same = set(texts) - {params.caption_field}
-    index, sample, kept = [], [], 0
-    wanted = pa.array(params.splits)
-    for batch in pq.ParquetFile(path).iter_batches(columns=list(dict.fromkeys(["key", "split", "shard", *texts, *quality]))):
-        batch = pa.Table.from_batches([batch])
-        batch = batch.filter(pc.is_in(batch["split"], value_set=wanted))
-        index.append(batch.select(["key", "split", "shard"]))
-        same = {name for name in same if batch[name].equals(batch[params.caption_field])}
-        if "object_phrases" in quality and kept < params.quality_samples:
-            known = batch.select(quality).filter(pc.invert(pc.is_null(batch["object_phrases"])))
-            sample.append(known.slice(0, params.quality_samples - kept))
-            kept += sample[-1].num_rows
-    manifest = pa.concat_tables(index) if index else pa.table({c: pa.array([], pa.string()) for c in ("key", "split", "shard")})
-    check_shard_names(path, manifest)
-    prepare_output(params)
-    work = _group(params, manifest, ["key", "shard"], manifest)
-    work.parsed_from = [params.caption_field, *(n for n in texts if n in same)]
-    if sample:
-        work.manifest = pa.concat_tables(sample)
-    return work
-
-
-def shard_rows(params: ConceptsParams, shard: str) -> tuple[list[str], list[str | None]]:
-    """One shard's keys and captions, read from the manifest by the process that parses them (a Dask worker):
-    Parquet's row-group statistics skip the other shards' rows. Only for a caption column of the manifest itself."""
-    table = pq.read_table(params.manifest, columns=["key", "split", "shard", params.caption_field],
-                          filters=[("shard", "=", shard), ("split", "in", list(params.splits))])
-    return table["key"].to_pylist(), table[params.caption_field].to_pylist()
 
 
 def extract_shard(nlp, params: ConceptsParams, shard: str, keys: list[str], texts: list[str | None], parsed_from: list[str]) -> int:

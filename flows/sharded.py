@@ -16,7 +16,7 @@ against the driver's working directory (the workspace) before a task is sent, an
 worker must read a file the driver wrote there (a worker that sees another filesystem stops the flow at
 once, named). A concepts task reads its own shard's captions from the manifest (no caption passes through
 the scheduler); the driver reads the manifest a row group at a time and keeps only its key, split and shard
-columns (:func:`components.concepts.plan_without_captions`).
+columns (:func:`plan_without_captions`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prefect import flow, task, unmapped
 from prefect.cache_policies import NO_CACHE
 
 from components import captions, concepts
+from components.shared.atomic import CorruptFileError
 from components.shared.params import CaptionsParams, ConceptsParams, load_params
 
 SCHEDULER_VARIABLE = "DASK_SCHEDULER"  # the deployment's default scheduler address (infra/prefect.yaml)
@@ -55,10 +58,63 @@ def concept_shard(params_json: str, shard: str, parsed_from: list[str], captions
     """Parse one shard. ``captions`` (keys, texts) only when the caption field is not a manifest column (a recaption
     field, joined by the driver); otherwise the task reads its shard's rows itself."""
     params = ConceptsParams.model_validate_json(params_json)
-    keys, texts = captions if captions is not None else concepts.shard_rows(params, shard)
+    keys, texts = captions if captions is not None else shard_rows(params, shard)
     if params.spacy_model not in _NLP:
         _NLP[params.spacy_model] = concepts.load_nlp(params)
     return concepts.extract_shard(_NLP[params.spacy_model], params, shard, keys, texts, parsed_from)
+
+
+def plan_without_captions(params: ConceptsParams) -> concepts.ConceptsPlan:
+    """The concepts stage's plan for a driver whose workers read their own shards' captions: the manifest is read a
+    row group at a time, and only its key, split and shard columns are kept whole; the captions are never held. The
+    caption columns that share the phrases' text (:func:`components.concepts.caption_names`) are found batch by
+    batch, and only the first ``quality_samples`` rows with true phrases are kept for the quality figures. A manifest
+    that needs the whole read (a recaption field, a caption column that is not text) goes through the stage's
+    :func:`~components.concepts.plan`."""
+    path = params.manifest
+    if not path.is_file():
+        raise concepts.ConceptsError(f"manifest: {path} does not exist (run the captions stage first: dvc repro captions)")
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, ValueError) as err:
+        raise CorruptFileError(f"{path}: not a readable Parquet file ({err})") from None
+    field = schema.field(params.caption_field) if params.caption_field in schema.names else None
+    if field is None or not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+        return concepts.plan(params)
+    concepts.load_nlp(params)
+    for column in ("key", "split", "shard"):
+        if column not in schema.names:
+            raise concepts.ConceptsError(f"{path}: column {column!r} not found; the manifest has {schema.names}")
+    texts = [f.name for f in schema if f.name not in ("key", "split", "shard") and f.type == field.type]
+    quality = [c for c in dict.fromkeys(["key", "object_phrases", *params.quality_fields]) if c in schema.names]
+    same = set(texts) - {params.caption_field}
+    index, sample, kept = [], [], 0
+    wanted = pa.array(params.splits)
+    for batch in pq.ParquetFile(path).iter_batches(columns=list(dict.fromkeys(["key", "split", "shard", *texts, *quality]))):
+        batch = pa.Table.from_batches([batch])
+        batch = batch.filter(pc.is_in(batch["split"], value_set=wanted))
+        index.append(batch.select(["key", "split", "shard"]))
+        same = {name for name in same if batch[name].equals(batch[params.caption_field])}
+        if "object_phrases" in quality and kept < params.quality_samples:
+            known = batch.select(quality).filter(pc.invert(pc.is_null(batch["object_phrases"])))
+            sample.append(known.slice(0, params.quality_samples - kept))
+            kept += sample[-1].num_rows
+    manifest = pa.concat_tables(index) if index else pa.table({c: pa.array([], pa.string()) for c in ("key", "split", "shard")})
+    concepts.check_shard_names(path, manifest)
+    concepts.prepare_output(params)
+    work = concepts.group_by_shard(params, manifest, ["key", "shard"], manifest)
+    work.parsed_from = [params.caption_field, *(n for n in texts if n in same)]
+    if sample:
+        work.manifest = pa.concat_tables(sample)
+    return work
+
+
+def shard_rows(params: ConceptsParams, shard: str) -> tuple[list[str], list[str | None]]:
+    """One shard's keys and captions, read from the manifest by the process that parses them (a Dask worker):
+    Parquet's row-group statistics skip the other shards' rows. Only for a caption column of the manifest itself."""
+    table = pq.read_table(params.manifest, columns=["key", "split", "shard", params.caption_field],
+                          filters=[("shard", "=", shard), ("split", "in", list(params.splits))])
+    return table["key"].to_pylist(), table[params.caption_field].to_pylist()
 
 
 def absolute(params):
@@ -90,7 +146,7 @@ def sharded_captions(params: CaptionsParams) -> dict[str, Any]:
 def sharded_concepts(params: ConceptsParams) -> dict[str, Any]:
     """The concepts stage with its shards as mapped tasks."""
     params = absolute(params)
-    work = concepts.plan_without_captions(params)
+    work = plan_without_captions(params)
     in_manifest = params.caption_field in pq.read_schema(params.manifest).names
     captions = [None if in_manifest else (work.keys(s), work.texts(s, params.caption_field)) for s in work.todo]
     futures = concept_shard.map(params.model_dump_json(), work.todo, unmapped(work.parsed_from), captions)

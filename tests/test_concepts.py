@@ -287,7 +287,9 @@ def test_a_driver_that_leaves_the_captions_to_its_workers_plans_what_the_stage_p
         raise AssertionError("the driver read the whole manifest")
 
     monkeypatch.setattr(concepts, "read_manifest", whole_read)
-    lean = concepts.plan_without_captions(params)
+    from flows.sharded import plan_without_captions
+
+    lean = plan_without_captions(params)
     assert lean.shards == whole.shards and lean.todo == [] and lean.parsed_from == whole.parsed_from == ["txt", "long"]
     assert params.caption_field not in lean.grouped.column_names  # no caption held
     assert expected["quality"]["long"] and lean.manifest.num_rows == 7
