@@ -168,7 +168,8 @@ class ShardReader:
         self.open: OrderedDict[int, tuple[ShardTable, io.BufferedReader]] = OrderedDict()
         self.samples_read = 0
 
-    def __getstate__(self) -> dict:  # a forked or spawned loader worker opens its own files
+    def __getstate__(self) -> dict:  # a spawned loader worker opens its own files (a forked one reads the inherited
+        # ones with pread, which moves no shared file position)
         return {"shards": self.shards, "keep": self.keep, "open": OrderedDict(), "samples_read": 0}
 
     def table(self, shard: int) -> tuple[ShardTable, io.BufferedReader]:
