@@ -189,11 +189,8 @@ def _init_worker(params_json: str) -> None:
 
 
 def build_shard(source, plan: ShardPlan) -> dict[str, Any]:
-    """One shard from its source (in this process, a pool worker or a Dask worker); the source's scratch for it goes
-    once the shard is finished."""
-    stats = write_shard(source.params, plan, source.samples(plan))
-    source.done(plan)
-    return stats
+    """One shard from its source (in this process, a pool worker or a Dask worker)."""
+    return write_shard(source.params, plan, source.samples(plan))
 
 
 def _build_in_worker(plan: ShardPlan) -> tuple[ShardPlan, dict[str, Any]]:
@@ -238,6 +235,7 @@ def _run(params: CaptionsParams) -> dict[str, Any]:
             bar.set_postfix(written=built)
     bar.close()
 
+    source.finish()  # what the source staged for the shards (a URL table's rows files), by the stage's record
     return complete(params, plans, source.summary(), time.perf_counter() - started, built)
 
 

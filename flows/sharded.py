@@ -37,6 +37,7 @@ from prefect.cache_policies import NO_CACHE
 from components import captions, concepts
 from components.shared.atomic import CorruptFileError
 from components.shared.params import CaptionsParams, ConceptsParams, load_params
+from components.shared.written import recording_outputs
 
 SCHEDULER_VARIABLE = "DASK_SCHEDULER"  # the deployment's default scheduler address (infra/prefect.yaml)
 
@@ -136,23 +137,28 @@ def absolute(params):
 def sharded_captions(params: CaptionsParams) -> dict[str, Any]:
     """The captions stage with its shards as mapped tasks (a URL table's rows split into a file per shard first)."""
     params = absolute(params)
-    source, plans, todo = captions.plan(params)
-    futures = caption_shard.map(params.model_dump_json(), [vars(p) for p in todo], list(range(len(todo))))
-    futures.wait()
-    futures.result()  # raises the first failure
-    return captions.complete(params, plans, source.summary())
+    # the stage's record of its outputs, as `python -m components.captions` keeps it: a file of yours in its folder
+    # stops the flow before any work, and only what the record lists is ever removed
+    with recording_outputs("captions", folders=[params.stats_path.parent], own=[params.output_dir]):
+        source, plans, todo = captions.plan(params)
+        futures = caption_shard.map(params.model_dump_json(), [vars(p) for p in todo], list(range(len(todo))))
+        futures.wait()
+        futures.result()  # raises the first failure
+        source.finish()
+        return captions.complete(params, plans, source.summary())
 
 
 def sharded_concepts(params: ConceptsParams) -> dict[str, Any]:
     """The concepts stage with its shards as mapped tasks."""
     params = absolute(params)
-    work = plan_without_captions(params)
-    in_manifest = params.caption_field in pq.read_schema(params.manifest).names
-    captions = [None if in_manifest else (work.keys(s), work.texts(s, params.caption_field)) for s in work.todo]
-    futures = concept_shard.map(params.model_dump_json(), work.todo, unmapped(work.parsed_from), captions)
-    futures.wait()
-    futures.result()
-    return concepts.complete(params, work, concepts.load_nlp(params) if params.quality_samples else None)
+    with recording_outputs("concepts", folders=[params.stats_path.parent], own=[params.output_dir]):
+        work = plan_without_captions(params)
+        in_manifest = params.caption_field in pq.read_schema(params.manifest).names
+        captions = [None if in_manifest else (work.keys(s), work.texts(s, params.caption_field)) for s in work.todo]
+        futures = concept_shard.map(params.model_dump_json(), work.todo, unmapped(work.parsed_from), captions)
+        futures.wait()
+        futures.result()
+        return concepts.complete(params, work, concepts.load_nlp(params) if params.quality_samples else None)
 
 
 class WorkersCannotSeeTheWorkspace(RuntimeError):

@@ -426,7 +426,7 @@ def _table_run(tmp_path, rows, download, encoding="utf-8", image_root=None):
         writer.writerow(["url", "caption"])
         writer.writerows(rows)
     table = {"path": str(tmp_path / "t.csv"), "caption_columns": {"long": "caption"}, "image_column": "url",
-             "download": {"timeout_s": 10, "retries": 0, **download}}  # 10 s: a loaded machine's loopback answers come in time
+             "download": {"timeout_s": 20, "retries": 0, **download}}  # 20 s: a loaded machine's answers come in time
     if image_root:
         table["image_root"] = str(image_root)
     params = CaptionsParams.model_validate({"source": "table", "caption_field": "long", "shard_size": 10, "workers": 1,

@@ -126,13 +126,14 @@ def test_sharded_data_on_a_dask_scheduler_and_two_workers_matches_the_stages(tmp
                 # names this process's open folder (/proc/self/fd/N), which in a worker process is nothing or another file
                 private = tmp_path / "only-here"
                 private.mkdir()
+                (private / "yours.txt").write_text("a file of yours beside the check's")
                 fd = os.open(private, os.O_RDONLY)
                 try:
                     with pytest.raises(sharded.WorkersCannotSeeTheWorkspace, match="2 of 2 Dask worker.*same path"):
                         sharded.check_workers_see_workspace(address, Path(f"/proc/self/fd/{fd}"))
                 finally:
                     os.close(fd)
-                assert not list(private.iterdir())  # its check file removed
+                assert [p.name for p in private.iterdir()] == ["yours.txt"]  # the check's own file removed, nothing else
             finally:
                 for process in processes:
                     process.terminate()

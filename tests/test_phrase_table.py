@@ -59,3 +59,29 @@ def test_a_cache_that_cannot_be_written_builds_the_table_in_the_temporary_folder
     _write(concepts / "a.parquet", ["k"], [["a red circle"]])
     table = load_phrases(concepts)
     assert table["k"] == ["a red circle"] and (tmp_path / "tmp") in table.folder.parents
+
+
+def test_a_conversion_that_fails_leaves_the_cache_folder_as_it_was(tmp_path, monkeypatch):
+    """The table is built in a folder of its own (a fresh temporary name) and renamed into place; when that fails,
+    that folder goes and nothing else in the cache does."""
+    import os
+
+    from components.data import phrase_table
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "yours.txt").write_text("a file of yours in the cache folder")
+    (cache / ".phrases-yours").mkdir()  # a folder named like a build's
+    monkeypatch.setenv("C2LIP_SHARD_INDEX_CACHE", str(cache))
+    concepts = tmp_path / "concepts"
+    concepts.mkdir()
+    _write(concepts / "a.parquet", ["k"], [["a red circle"]])
+
+    def no_rename(src, dst):
+        raise PermissionError(13, "refused by the test", str(dst))
+
+    monkeypatch.setattr(os, "rename", no_rename)
+    monkeypatch.setattr(phrase_table.tempfile, "gettempdir", lambda: str(tmp_path / "unwritable" / "x"))
+    with pytest.raises(OSError):
+        load_phrases(concepts)
+    assert sorted(p.name for p in cache.iterdir()) == [".phrases-yours", "yours.txt"]

@@ -232,9 +232,9 @@ def _table_params(tmp_path, path):
         tmp_path, source="table", caption_field="long", shard_size=4,
         table={
             "path": str(path), "chunk_rows": 3,
-            # 10 s per read: a loaded machine's loopback answers come well within it; only /slow.jpg, which hangs, does
-            # not (it is read three times: 30 s of the test)
-            "download": {"concurrency": 4, "timeout_s": 10, "retries": 2, "backoff_s": 0.01, "max_bytes": 4096,
+            # 20 s per read: a loaded machine's loopback answers come well within it; only /slow.jpg, which hangs, does
+            # not (it is read three times: 60 s of the test)
+            "download": {"concurrency": 4, "timeout_s": 20, "retries": 2, "backoff_s": 0.01, "max_bytes": 4096,
                          "allow_hosts": ["127.0.0.1"]},  # the test server: loopback is refused by default
         },
     )
@@ -327,10 +327,31 @@ def test_a_url_table_builds_its_shards_in_parallel_processes_as_one_process_does
         assert stats["samples_written"] == 13 and stats["skipped"] == {"http_404": 1} and stats["shards"] == 4
         assert stats["run_samples"] == 13 and stats["run_samples_per_second"] > 0
         assert 0 < stats["source_seconds"] <= stats["build_seconds"]  # the shards' time includes their downloads
-        assert not list((params.output_dir / "parts").glob("*.rows.arrow"))  # each shard's rows file, removed when done
+        assert not (params.output_dir / "parts" / "rows").exists()  # the rows files, removed by the record once all are built
         written[workers] = {p.relative_to(params.output_dir): p.read_bytes() for p in params.output_dir.rglob("*.tar")}
         written[workers]["manifest"] = (params.output_dir / "manifest.parquet").read_bytes()
     assert written[1] == written[3]
+
+
+def test_the_rows_files_go_by_the_stages_record_and_nothing_else_does(tmp_path, server):
+    """A URL table's rows files are removed by the captions stage's record of its outputs: a copy elsewhere, and one
+    whose content changed since it was written, stay."""
+    from components import captions
+    from components.data.sources import ROWS_FOLDER
+
+    base, _ = server
+    _url_table(tmp_path / "t.csv", [f"{base}/good.jpg?{i}" for i in range(10)])
+    params = _table_params(tmp_path, tmp_path / "t.csv")
+    source, plans, todo = captions.plan(params)  # what a run does before its first shard: the rows, a file a shard
+    rows = sorted((params.output_dir / ROWS_FOLDER).iterdir())
+    assert len(rows) == len(todo) == 3
+    keep = tmp_path / "keep"  # a copy of yours, beside the workspace's outputs
+    keep.mkdir()
+    (keep / rows[0].name).write_bytes(rows[0].read_bytes())
+    rows[1].write_bytes(b"edited since the stage wrote it")
+    source.finish()
+    assert [p.name for p in (params.output_dir / ROWS_FOLDER).iterdir()] == [rows[1].name]
+    assert rows[1].read_bytes() == b"edited since the stage wrote it" and (keep / rows[0].name).is_file()
 
 
 def test_images_over_max_side_are_resized_at_ingestion_and_others_kept_as_they_are():

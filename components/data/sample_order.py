@@ -54,7 +54,3 @@ class SampleOrder:
         """The (shard, sample) pairs of rank ``rank``'s micro-batch ``index``."""
         first = (index * world + rank) * size
         return [self.locate(p) for p in range(first, first + size)]
-
-    def epoch_of(self, index: int, world: int, size: int) -> float:
-        """The epoch (fractional) at the start of micro-batch ``index``."""
-        return index * world * size / self.epoch_length

@@ -27,6 +27,9 @@ from components.data.download import Skip, download, make_session  # noqa: F401 
 from components.shared.atomic import atomic_write_bytes
 from components.shared.params import CaptionsParams, TableSourceParams, WebDatasetSourceParams
 from components.shared.redact import redact
+from components.shared.written import Ledger
+
+ROWS_FOLDER = "parts/rows"  # a URL table's rows, a file per unfinished shard (TableSource.prepare)
 
 
 class SourceError(ValueError):
@@ -133,8 +136,8 @@ class ShapesWorldSource:
     def prepare(self, plans: list[ShardPlan]) -> None:
         """Nothing to stage before the shards are built (each reads its own input)."""
 
-    def done(self, plan: ShardPlan) -> None:
-        """Nothing to clear once a shard is finished."""
+    def finish(self) -> None:
+        """Nothing to clear once every shard is finished."""
 
     def summary(self) -> dict[str, Any]:
         return {"held_out_pairs": [list(p) for p in self.held_out]}
@@ -169,8 +172,8 @@ class WebDatasetSource:
     def prepare(self, plans: list[ShardPlan]) -> None:
         """Nothing to stage before the shards are built (each reads its own input)."""
 
-    def done(self, plan: ShardPlan) -> None:
-        """Nothing to clear once a shard is finished."""
+    def finish(self) -> None:
+        """Nothing to clear once every shard is finished."""
 
     def summary(self) -> dict[str, Any]:
         return {"input_shards": len(self.paths)}
@@ -224,8 +227,9 @@ class TableSource:
     [i*shard_size, (i+1)*shard_size). Images are local paths or URLs fetched in parallel threads.
 
     Shards are built in parallel processes (the stage's pool, or Dask workers): :meth:`prepare` reads the table
-    once and writes each unfinished shard's rows to a small file of its own beside the shards' done-markers, so
-    a shard task needs only its file, never the whole table; the file goes once the shard is finished."""
+    once and writes each unfinished shard's rows to a small file of its own under ``parts/rows/``, recorded in the
+    stage's record of its outputs, so a shard task needs only its file, never the whole table; :meth:`finish` removes
+    them through that record once every shard is finished (one that changed since is kept)."""
 
     def __init__(self, params: CaptionsParams):
         self.params = params
@@ -330,12 +334,13 @@ class TableSource:
         return {"table": str(self.cfg.path), "malformed_rows": len(self.malformed_rows), "malformed_row_examples": self.malformed_rows[:3]}
 
     def rows_path(self, plan: ShardPlan) -> Path:
-        return self.params.output_dir / "parts" / f"{plan.split}-{plan.index:06d}.rows.arrow"
+        return self.params.output_dir / ROWS_FOLDER / f"{plan.split}-{plan.index:06d}.arrow"
 
     def prepare(self, plans: list[ShardPlan]) -> None:
         """Each of ``plans``' rows into its own file (an Arrow IPC file of the columns read, as the table holds
         them), reading the table once; a shard whose file exists already keeps it (a resumed run)."""
-        wanted = [p for p in sorted(plans, key=lambda p: p.spec[0]) if not self.rows_path(p).is_file()]
+        ours = Ledger(self.params.output_dir, "captions").files()
+        wanted = [p for p in sorted(plans, key=lambda p: p.spec[0]) if self._relative(p) not in ours or not self.rows_path(p).is_file()]
         if not wanted:
             return
         self.rows_path(wanted[0]).parent.mkdir(parents=True, exist_ok=True)
@@ -353,7 +358,12 @@ class TableSource:
                 pieces, current = [], next(queue, None)
             offset += batch.num_rows
             if current is None:
-                return
+                break
+        # on the stage's record: finish() removes them by it, and a rerun after a kill knows them as its own
+        Ledger(self.params.output_dir, "captions").record([self._relative(p) for p in wanted])
+
+    def _relative(self, plan: ShardPlan) -> str:
+        return self.rows_path(plan).relative_to(self.params.output_dir).as_posix()
 
     def _write_rows(self, plan: ShardPlan, pieces: list, schema: pa.Schema) -> None:
         sink = pa.BufferOutputStream()
@@ -375,9 +385,9 @@ class TableSource:
         finally:
             session.close()
 
-    def done(self, plan: ShardPlan) -> None:
-        """The shard is finished: its rows file, which this source wrote, is removed."""
-        self.rows_path(plan).unlink(missing_ok=True)
+    def finish(self) -> None:
+        """Every shard is finished: the rows files go, those the stage's record lists with unchanged content only."""
+        Ledger(self.params.output_dir, "captions").remove_files(under=ROWS_FOLDER)
 
     def _convert(self, session, row: dict[str, Any]) -> RawSample | Skip:
         undecodable = [col for col in self.columns if row.get(col) is UNDECODABLE]
