@@ -310,7 +310,8 @@ def test_the_reports_server_lists_nothing_follows_no_link_and_answers_only_loopb
 
     root = tmp_path / "reports"
     (root / "gallery").mkdir(parents=True)
-    (root / "benchmarks.md").write_text("# report")
+    (root / "benchmarks.md").write_text("# report\n\n| group | Δ tuned − base |\n|---|---|\n| binding | −0.010 |\n\n![chart](benchmarks.png)\n"
+                                        "<script>alert(1)</script>\n", encoding="utf-8")
     (root / "items").mkdir()
     (tmp_path / "secret.txt").write_text("outside")
     (root / "leak.txt").symlink_to(tmp_path / "secret.txt")
@@ -319,14 +320,22 @@ def test_the_reports_server_lists_nothing_follows_no_link_and_answers_only_loopb
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
 
+    kinds = {}
+
     def get(path, host=f"127.0.0.1:{port}"):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HANG_S)
         conn.request("GET", path, headers={"Host": host})
         response = conn.getresponse()
-        return response.status, response.read().decode(errors="replace")
+        kinds[path] = response.getheader("Content-Type")
+        return response.status, response.read().decode("utf-8", errors="replace")
 
     try:
-        assert get("/benchmarks.md") == (200, "# report")
+        # a report is an HTML page in UTF-8: its table a table, its picture shown, its Δ and − intact, its HTML inert
+        status, page = get("/benchmarks.md")
+        assert status == 200 and kinds["/benchmarks.md"] == "text/html; charset=utf-8"
+        assert '<meta charset="utf-8">' in page and "<h1>report</h1>" in page and "<th>Δ tuned − base</th>" in page
+        assert '<img alt="chart" src="benchmarks.png"' in page and "<script>" not in page
+        assert get("/benchmarks.md?raw")[1].startswith("# report") and kinds["/benchmarks.md?raw"].endswith("charset=utf-8")
         assert get("/benchmarks.md", host=f"localhost:{port}")[0] == 200
         assert get("/benchmarks.md", host=f"evil.example:{port}")[0] == 403  # DNS rebinding: another site's name
         assert get("/items/")[0] == 404 and get("/")[0] == 404  # no listings
