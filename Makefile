@@ -50,7 +50,8 @@ run: $(STAMP)
 compare: $(STAMP)
 	python -m flows.c2lip compare --wait $(WAIT)
 
-# A local Prefect server on 127.0.0.1:4200 serving the deployments c2lip/full, c2lip/evaluate, c2lip/promote, c2lip/compare.
+# A local Prefect server on 127.0.0.1 serving the deployments c2lip/full, c2lip/evaluate, c2lip/promote, c2lip/compare,
+# the reports and the MLflow UI; ports from PREFECT_PORT (4200), C2LIP_REPORTS_PORT (4201), C2LIP_MLFLOW_PORT (5000).
 serve: $(STAMP)
 	infra/serve.sh
 
@@ -72,9 +73,10 @@ lint: $(STAMP)
 docs: $(STAMP)
 	mkdocs build --strict
 
-# The site served on 127.0.0.1:8000 while you edit docs/.
+# The site served on 127.0.0.1 while you edit docs/: `make docs-serve DOCS_PORT=8001` for another port.
+DOCS_PORT ?= 8000
 docs-serve: $(STAMP)
-	mkdocs serve --dev-addr 127.0.0.1:8000
+	mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 # docs/params.md, the params reference, written from the pydantic schema (a test fails when it is stale).
 params-reference: $(STAMP)

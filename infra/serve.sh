@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A local Prefect server on 127.0.0.1 (port PREFECT_PORT, default 4200) and the c2lip deployments served
-# to it from this workspace. Ctrl-C stops both. Run through `make serve` (which sets up .venv first).
+# to it from this workspace, the reports (C2LIP_REPORTS_PORT, default 4201) and the MLflow UI (C2LIP_MLFLOW_PORT,
+# default 5000). Ctrl-C stops both. Run through `make serve` (which sets up .venv first).
 # `infra/serve.sh --print-settings` prints the server settings it would use and exits (the tests read them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,8 +61,10 @@ trap 'exit 130' INT
 export C2LIP_REPORTS_URL="http://127.0.0.1:${REPORTS_PORT}"
 echo "Prefect server: http://127.0.0.1:${PORT} (UI and API); log in $PREFECT_HOME/server.log"
 echo "Reports: $C2LIP_REPORTS_URL/benchmarks.md, failure gallery $C2LIP_REPORTS_URL/gallery/index.html"
-if [ -n "$MLFLOW_UI" ]; then echo "MLflow UI: http://127.0.0.1:${MLFLOW_PORT} (runs, metrics, the registry); log in $PREFECT_HOME/mlflow-ui.log"; fi
-echo "In another shell:  PREFECT_API_URL=$PREFECT_API_URL .venv/bin/prefect deployment run c2lip/full"
+if [ -n "$MLFLOW_UI" ]; then
+  echo "MLflow UI: http://127.0.0.1:${MLFLOW_PORT} (runs, metrics, the registry: it opens in its GenAI view; choose \"Model training\" at the top to see them); log in $PREFECT_HOME/mlflow-ui.log"
+fi
+echo "Serving the deployments; the line to paste into another shell follows once they exist ..."
 # in the background and waited for: bash runs its traps only between commands, so a foreground child would keep a
 # SIGTERM to this script waiting until the child chose to exit
 python -m flows.serve &

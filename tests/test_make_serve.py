@@ -36,9 +36,13 @@ def test_make_serve_on_a_fresh_clone_evaluates_the_committed_base(tmp_path):
     )
     try:
         deadline = time.time() + HANG_S
-        while not is_served(api, "c2lip/evaluate"):
+        # the copy-paste line is printed only once the deployments exist: a paste the moment it shows never gets
+        # "deployment not found"
+        while "In another shell:" not in (tmp_path / "serve.log").read_text():
             assert time.time() < deadline and serving.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            time.sleep(2)
+            time.sleep(0.2)
+        assert all(is_served(api, f"c2lip/{name}") for name in ("full", "evaluate", "promote", "compare"))
+        assert f"PREFECT_API_URL={api} .venv/bin/prefect deployment run c2lip/full" in (tmp_path / "serve.log").read_text()
         assert (work / ".prefect" / "server.log").is_file()  # the log the script names exists
         model = json.dumps({"name": "base", "uri": "models/base/export"})
         done = subprocess.run(
@@ -58,8 +62,10 @@ def test_make_serve_on_a_fresh_clone_evaluates_the_committed_base(tmp_path):
         suite = json.loads((work / "data" / "benchmarks" / "shapesworld" / "stats.json").read_text())
         assert metrics["base/zero_shot/items"] == suite["zero_shot"]["images"] and 0 <= metrics["base/zero_shot/top1"] <= 1
         # served over http on 127.0.0.1, as the link artifacts point
-        with urllib.request.urlopen(f"http://127.0.0.1:{reports_port}/adhoc/base/benchmarks.md", timeout=HANG_S) as page:
+        with urllib.request.urlopen(f"http://127.0.0.1:{reports_port}/adhoc/base/benchmarks.md?raw", timeout=HANG_S) as page:
             assert page.read() == (report / "benchmarks.md").read_bytes()
+        with urllib.request.urlopen(f"http://127.0.0.1:{reports_port}/adhoc/base/benchmarks.md", timeout=HANG_S) as page:
+            assert page.headers["Content-Type"] == "text/html; charset=utf-8" and b'src="benchmarks.png"' in page.read()
         # the report artifact names the MLflow run that logged the same report
         shown = subprocess.run([prefect, "artifact", "inspect", "c2lip-evaluate-base"], env={**client_env, "COLUMNS": "250"}, capture_output=True, text=True)
         import mlflow

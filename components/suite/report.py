@@ -93,6 +93,10 @@ def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.3f}"
 
 
+# the chart beside the report (the reports server and MLflow show the Markdown with it)
+CHART_LINE = "![each benchmark: the models' scores beside chance, and the difference with its 95% interval](benchmarks.png)"
+
+
 def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, dict[str, float]]], names: list[str], meta: dict[str, Any],
                     intervals: dict[str, dict[str, Any]] | None = None, resamples: int = 0, gallery: str | None = None,
                     precision: str = "fp32") -> str:
@@ -118,6 +122,8 @@ def markdown_report(tasks: list[formats.Task], per_model: dict[str, dict[str, di
            "A group's interval averages its benchmarks' draws. Method: docs/stages/evaluate.md.", ""] if intervals else []),
         *([f"Per-item results: `items/<model>/<benchmark>.parquet`. What changed, item by item: [the failure gallery]({gallery}).", ""]
           if gallery else []),
+        CHART_LINE,
+        "",
         "## Summary (mean of each benchmark's headline metric)",
         "",
         "| group | " + " | ".join(names) + "".join(f" | Δ {n} − {ref}" for n in names[1:]) + " |",
