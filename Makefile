@@ -88,8 +88,12 @@ params-reference: $(STAMP)
 .PHONY: remotes-changed
 remotes-changed: ;
 
+# uv prints nothing while it compiles the bytecode (minutes on a loaded 2-core machine): a line every 20 s says it works.
 $(STAMP): pyproject.toml uv.lock $(REMOTES_CHANGED) | $(UV)
-	$(UV) sync --frozen --python 3.11 --compile-bytecode $(foreach remote,$(REMOTES),--extra $(remote))
+	@echo "install: the packages of uv.lock into .venv, then their bytecode compiled once (a few minutes on 2 cores)"
+	@start=$$(date +%s); ( while sleep 20; do echo "install: still installing or compiling bytecode, $$(( $$(date +%s) - start )) s"; done ) & beat=$$!; \
+	$(UV) sync --frozen --python 3.11 --compile-bytecode $(foreach remote,$(REMOTES),--extra $(remote)); status=$$?; \
+	kill $$beat 2>/dev/null; exit $$status
 	echo "$(REMOTES)" > $(REMOTES_FILE)
 	touch $@
 

@@ -33,12 +33,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from components.data.sources import RawSample, ShardPlan, Skip, SourceError, TableSource, WebDatasetSource, make_source
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, atomic_write_parquet, fingerprint, resume_or_restart
 from components.shared.params import CaptionsParams, ParamsError, load_params
 from components.shared.processes import stage_process_setup
+from components.shared.progress import TimedBar, working
 from components.shared.redact import redact
 from components.shared.reports import figure_png, pyplot
 from components.shared.stage_code import stage_code
@@ -213,26 +213,27 @@ def run(params: CaptionsParams) -> dict[str, Any]:
 def _run(params: CaptionsParams) -> dict[str, Any]:
     """Build every missing shard, then the manifest, the stats and the contact sheet. Returns the stats."""
     started = time.perf_counter()
-    source, plans, todo = plan(params)
+    with working(f"captions: reading the source ({params.source}) and planning the shards"):
+        source, plans, todo = plan(params)
     kept = len(plans) - len(todo)
     if kept:
         print(f"captions: {kept} of {len(plans)} shards already finished, building {len(todo)}", file=sys.stderr)
 
     workers = params.workers or os.cpu_count() or 1
     built = 0
-    bar = tqdm(total=len(todo), desc=f"captions ({params.source})", unit="shard", file=sys.stderr)
+    bar = TimedBar(total=len(todo), desc=f"captions ({params.source})", unit="shard", file=sys.stderr)
     if workers > 1 and len(todo) > 1:
         ctx = mp.get_context("fork")  # the stage imports no threads-holding library before forking
         with ctx.Pool(min(workers, len(todo)), initializer=_init_worker, initargs=(params.model_dump_json(),)) as pool:
             for _plan, stats in pool.imap_unordered(_build_in_worker, todo):
                 built += stats["written"]
                 bar.update()
-                bar.set_postfix(written=built)
+                bar.set_postfix(samples_written=built)
     else:
         for shard_plan in todo:
             built += build_shard(source, shard_plan)["written"]
             bar.update()
-            bar.set_postfix(written=built)
+            bar.set_postfix(samples_written=built)
     bar.close()
 
     source.finish()  # what the source staged for the shards (a URL table's rows files), by the stage's record

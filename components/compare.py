@@ -29,7 +29,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import yaml
-from tqdm import tqdm
 
 from components.data.shapesworld_grammar import parse_object_phrase
 from components.shared.atomic import atomic_write_bytes, atomic_write_json, fingerprint
@@ -48,6 +47,7 @@ from components.shared.params import (
     validate_params,
 )
 from components.shared.processes import call_logged, mark_run, stage_process_setup
+from components.shared.progress import TimedBar
 from components.shared.stage_code import stage_code
 from components.suite.applicable import applicable_suite
 from components.suite.compare_report import TRAIN_COLUMNS, log_to_mlflow, report_outputs, write_report
@@ -376,7 +376,7 @@ def execute_in_threads(runs: list[Run], suite: Suite, parallel: int) -> dict[str
     """Every run's :func:`train_and_evaluate`, ``parallel`` at a time in a thread pool (each run is a
     one-thread training subprocess, then an evaluation in this process); run label -> metrics."""
     results: dict[str, dict[str, float]] = {}
-    bar = tqdm(total=len(runs), desc="compare", unit="run", dynamic_ncols=True)
+    bar = TimedBar(total=len(runs), desc="compare", unit="run", dynamic_ncols=True)
     slots = DeviceSlots(parallel)
 
     def one(r: Run) -> None:

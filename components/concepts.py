@@ -30,12 +30,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from components.data.phrase_quality import fallback_phrases, filter_phrases, gold_quality, normalise, phrase_key, phrase_quality  # noqa: F401  (tests, bench)
 from components.shared.atomic import CorruptFileError, atomic_write_json, atomic_write_parquet, check_entry_name, fingerprint, read_parquet, resume_or_restart
 from components.shared.params import ConceptsParams, ParamsError, PhraseRules, load_params
 from components.shared.processes import stage_process_setup
+from components.shared.progress import TimedBar, working
 from components.shared.redact import one_line
 from components.shared.stage_code import stage_code
 from components.shared.written import ForeignFilesError, recording_outputs
@@ -328,8 +328,10 @@ def run(params: ConceptsParams) -> dict[str, Any]:
 def _run(params: ConceptsParams) -> dict[str, Any]:
     """Parse every unfinished shard (spaCy's worker processes over the whole stream), then write the stats.
     Returns the stats."""
-    nlp = load_nlp(params)
-    work = plan(params, nlp)
+    with working("concepts: loading the noun-phrase extractor"):
+        nlp = load_nlp(params)
+    with working("concepts: reading the captions and planning the shards"):
+        work = plan(params, nlp)
     shards, todo = work.shards, work.todo
     if len(todo) < len(shards):
         print(f"concepts: {len(shards) - len(todo)} of {len(shards)} shards already finished", file=sys.stderr)
@@ -338,7 +340,7 @@ def _run(params: ConceptsParams) -> dict[str, Any]:
     captions = (text for s in todo for text in work.texts(s, params.caption_field))
     total = sum(work.size(s) for s in todo)
     started = time.perf_counter()
-    bar = tqdm(total=total, desc="concepts", unit="caption", file=sys.stderr, smoothing=0.1)
+    bar = TimedBar(total=total, desc="concepts", unit="caption", file=sys.stderr, smoothing=0.1)
     results = extract(nlp, captions, params, n_process=n_process if total > params.batch_size else 1)
     for shard in todo:
         shard_results = [next(results) for _ in range(work.size(shard))]

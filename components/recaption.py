@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from tqdm import tqdm
 
 from components.data.captioners import CaptionInput, Failure, make_captioner
 from components.shared.atomic import (
@@ -48,6 +47,7 @@ from components.shared.atomic import (
 )
 from components.shared.params import ParamsError, RecaptionParams, load_params
 from components.shared.processes import stage_process_setup
+from components.shared.progress import TimedBar
 from components.shared.redact import one_line, redact
 from components.shared.reports import figure_png, pyplot
 from components.shared.stage_code import stage_code
@@ -248,7 +248,7 @@ def _run(params: RecaptionParams) -> dict[str, Any] | None:
         print(f"recaption: {len(mine) - len(todo)} of {len(mine)} shards already finished", file=sys.stderr)
     captioned, seconds = 0, 0.0
     if todo:
-        bar = tqdm(total=sum(len(shards[s]) for s in todo), desc=f"recaption ({params.captioner})", unit="sample", file=sys.stderr)
+        bar = TimedBar(total=sum(len(shards[s]) for s in todo), desc=f"recaption ({params.captioner})", unit="sample", file=sys.stderr)
         began = time.perf_counter()
         for shard in todo:
             done = recaption_shard(params, captioner, shard, shards[shard])

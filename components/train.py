@@ -50,7 +50,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from components.data.phrase_table import load_phrases
 from components.data.shard_index import indexing_progress, sample_counts
@@ -87,6 +86,7 @@ from components.shared.distributed import (
 from components.shared.model_card import CARD_FILE, card_facts, model_card
 from components.shared.params import ParamsError, TrainParams, load_params
 from components.shared.processes import die_with_parent, stage_process_setup
+from components.shared.progress import TimedBar, working
 from components.shared.reports import plot_losses
 from components.shared.safe_load import UnsafeCheckpointError, guard_deepspeed_loads
 from components.shared.stage_code import stage_code
@@ -220,7 +220,8 @@ def setup(params: TrainParams, stage: str) -> Run:
     random.seed(params.seed)
     np.random.seed(params.seed)
     torch.manual_seed(params.seed)  # identical initial weights on every rank
-    model, transform_train, transform_eval, tokenizer = build_model(params)
+    with working("train: building the model", enabled=main):
+        model, transform_train, transform_eval, tokenizer = build_model(params)
     model = synchronise_batch_norm(model, world, cuda, main)
     neighbours = None
     if params.method.hard_examples.neighbour_images:  # NegCLIP's hard-negative images, by the weights the run starts from
@@ -228,7 +229,8 @@ def setup(params: TrainParams, stage: str) -> Run:
 
         neighbours = for_run(params, model, transform_eval, shards, rank, world, device)
     if params.model.calibrate_logits and not resuming:  # a resumed run has its s and b in the checkpoint
-        calibrate(model, params, shards, rank, world, transform_train, tokenizer, main)
+        with working("train: fitting the logit scale and bias on the first batches", enabled=main):
+            calibrate(model, params, shards, rank, world, transform_train, tokenizer, main)
     module = TrainingModule(model, method.make_loss(params.method, model), freeze_image_tower=method.freezes_image_tower(params.method))
     optim = params.optim
     # fused: one kernel per step instead of a dozen elementwise passes over every parameter (bench/train.py)
@@ -236,14 +238,16 @@ def setup(params: TrainParams, stage: str) -> Run:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, params.steps, optim.warmup_steps, optim.min_lr_ratio)
     )
-    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    with working("train: starting the DeepSpeed engine", enabled=main):
+        engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
     guard_deepspeed_loads(engine)  # resumed checkpoints load as weights only: a crafted file runs no code
 
     # resume (at this launch's shape), or start afresh when the checkpoints belong to other params
     start_step, resumed_figures = resume_or_start(engine, params.output_dir, state, current, params.micro_batch)
     dist.barrier()
 
-    phrases = load_phrases(params.data.concepts_dir) if needs_phrases(params) else None
+    with working("train: loading the noun phrases", enabled=main and needs_phrases(params)):
+        phrases = load_phrases(params.data.concepts_dir) if needs_phrases(params) else None
     accumulation = ds_config["gradient_accumulation_steps"]
     trim = phrases is not None and trims_phrases(params.method.phrase_context, model)
     if main and phrases is not None:
@@ -301,7 +305,7 @@ def loop(run: Run) -> None:
     """Optimiser steps from ``run.start_step`` to ``params.steps``: logging, the zero-shot probe, checkpoints."""
     params, engine = run.params, run.engine
     max_scale = math.log(params.optim.max_logit_scale)
-    bar = tqdm(total=params.steps, initial=run.start_step, desc=f"{run.stage} {params.method.name}", disable=not run.main, dynamic_ncols=True)
+    bar = TimedBar(total=params.steps, initial=run.start_step, desc=f"{run.stage} {params.method.name}", disable=not run.main, dynamic_ncols=True)
     t0, samples_done, step = time.time(), 0, run.start_step
     while step < params.steps:
         sums: dict[str, torch.Tensor] = {}  # on the device: read back (a wait for the GPU) only on logged steps, below
@@ -422,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.local_rank is not None:
             os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
         params = load_params("train", args.params, args.overrides)
-        preflight(params)
+        with working("train: checking the data and the params", enabled=int(os.environ.get("RANK", 0)) == 0):
+            preflight(params)
     except (ParamsError, CorruptFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -41,7 +41,7 @@ from components.shared.redact import redact
 from components.shared.written import ForeignFilesError
 from components.suite.compare_report import report_outputs
 from components.suite.model_loading import model_found
-from flows.progress import ProgressLog, readable
+from flows.progress import ProgressLog, follow
 from flows.run_page import (
     absolute_links,
     artifact_key,
@@ -131,15 +131,9 @@ def run_command(args: list[str], cwd: Path = ROOT) -> str:
     # dvc dies with the flow (and the stage under it with dvc, components.shared.processes), however the flow ends
     proc = subprocess.Popen(args, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             preexec_fn=_dvc_dies_with_the_flow)
-    lines = []
-    progress = ProgressLog(logger)  # a bar: a line per tenth and a progress artifact on the run's page
-    for raw in proc.stdout:
-        lines.append(raw.rstrip())
-        line = readable(raw)
-        if line is None or progress.feed(redact(line)):
-            continue
-        if not PROGRESS.search(line) or "100%|" in line:  # a bar of another format: its end only
-            logger.info(redact(line))
+    progress = ProgressLog(logger)  # a bar: a line per tenth or per C2LIP_PROGRESS_EVERY_S, and a progress artifact
+    # a bar of another format: its end only
+    lines = follow(proc.stdout, logger, " ".join(args), progress, other=lambda line: not PROGRESS.search(line) or "100%|" in line)
     if proc.wait():
         tail = redact("\n".join(lines[-30:]))
         raise RuntimeError(f"`{' '.join(args)}` failed with exit code {proc.returncode}:\n{tail}")

@@ -1,18 +1,24 @@
-"""A stage's tqdm bars as a flow run shows them: a log line at every tenth of each bar (count, rate, elapsed, ETA and the
-bar's own figures such as the loss), and a Prefect progress artifact per bar, so the flow-run page moves while a long
-stage runs and a slow run no longer looks like a hung one.
+"""A stage's output as a flow run shows it: a bar's log line at every tenth of the bar and at least every
+``C2LIP_PROGRESS_EVERY_S`` seconds (count, rate, elapsed, ETA and the bar's own figures such as the loss), a Prefect
+progress artifact per bar, and a "still running" line whenever a command says nothing for that long, so the flow-run
+page moves while a long stage runs and a slow run never looks like a hung one.
 
 tqdm redraws its bar with a carriage return, which the flow's text-mode pipe turns into one line per redraw: logging
-each would flood the log, logging only the finished bar left 50 minutes of silence; a tenth is the compromise a
-person reads. A bar is known by its description (the text before the colon)."""
+each would flood the log; logging a tenth at a time left 20 minutes of silence on a slow train run. The stages redraw
+their bars at least every ``C2LIP_PROGRESS_EVERY_S`` seconds (components/shared/progress.py), and a redraw that long
+after the bar's last logged line is logged. A bar is known by its description (the text before the colon)."""
 
 from __future__ import annotations
 
 import re
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from components.shared.markdown_text import md_text
+from components.shared.progress import every_s
 from components.shared.redact import redact
 
 # "train c2lip:  45%|████▌     | 1350/3000 [20:00<15:00,  1.50it/s, loss=1.2]" (tqdm's default format)
@@ -40,20 +46,27 @@ class ProgressLog:
 
     logger: Any
     artifacts: bool = True  # a Prefect progress artifact per bar (only inside a flow or task run)
+    clock: Callable[[], float] = time.monotonic
     _tenth: dict[str, int] = field(default_factory=dict)
+    _logged_at: dict[str, float] = field(default_factory=dict)
     _artifact: dict[str, Any] = field(default_factory=dict)
 
     def feed(self, line: str) -> bool:
-        """True when ``line`` is a tqdm bar (then logged at most once per tenth), False for any other line."""
+        """True when ``line`` is a tqdm bar (then logged when it reaches a new tenth or has not been logged for about
+        ``C2LIP_PROGRESS_EVERY_S`` seconds), False for any other line."""
         match = BAR.match(line.strip())
         if not match:
             return False
         desc = match["desc"].strip() or "progress"
         pct = min(int(match["pct"]), 100)
         tenth = pct * TENTHS // 100
-        if self._tenth.get(desc, -1) >= tenth:
+        now = self.clock()
+        # 0.9: the stage's timer redraws every C2LIP_PROGRESS_EVERY_S; a redraw a little early still counts
+        quiet = now - self._logged_at.get(desc, now) >= 0.9 * every_s()
+        if self._tenth.get(desc, -1) >= tenth and not quiet:
             return True
-        self._tenth[desc] = tenth
+        self._tenth[desc] = max(tenth, self._tenth.get(desc, -1))
+        self._logged_at[desc] = now
         rate_and_rest = f", {match['rest'].strip()}" if match["rest"] else ""
         eta = "" if pct == 100 else f", ETA {match['eta']}"
         self.logger.info("%s: %s/%s (%d%%), elapsed %s%s%s", desc, match["n"], match["total"], pct, match["elapsed"], eta, rate_and_rest)
@@ -76,3 +89,38 @@ class ProgressLog:
         except Exception as err:  # noqa: BLE001 - the page's progress is a nicety: a failing API call never fails the stage
             self.artifacts = False
             self.logger.warning("progress artifacts are off for this command: %s", err)
+
+
+def follow(lines: Iterable[str], logger: Any, command: str, progress: ProgressLog, other: Callable[[str], bool] = lambda line: True,
+           clock: Callable[[], float] = time.monotonic) -> list[str]:
+    """Log a command's output ``lines`` (bars through ``progress``; any other line when ``other(line)``) and, while the
+    command says nothing for ``C2LIP_PROGRESS_EVERY_S`` seconds, a line saying it is still running. Returns every raw
+    line, for the error message of a command that fails."""
+    kept: list[str] = []
+    state = {"last": clock(), "started": clock()}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(min(1.0, every_s() / 4)):
+            silent = clock() - state["last"]
+            if silent >= every_s():
+                logger.info("%s: still running (%d s in, %d s since its last line)", command, clock() - state["started"], silent)
+                state["last"] = clock()
+
+    watcher = threading.Thread(target=watch, daemon=True, name="still-running")
+    watcher.start()
+    try:
+        for raw in lines:
+            kept.append(raw.rstrip())
+            line = readable(raw)
+            if line is None:
+                continue
+            state["last"] = clock()  # the command spoke: even a bar's redraw that is not logged shows it is alive
+            if progress.feed(redact(line)):
+                continue
+            if other(line):
+                logger.info(redact(line))
+    finally:
+        done.set()
+        watcher.join()
+    return kept

@@ -153,7 +153,8 @@ def for_run(params, model, transform, shards: list[str], rank: int, world: int, 
     import sys
 
     import torch.distributed as dist
-    from tqdm import tqdm
+
+    from components.shared.progress import TimedBar
 
     path = params.output_dir / NEIGHBOURS_FILE
     init = Path(params.model.init)
@@ -167,7 +168,7 @@ def for_run(params, model, transform, shards: list[str], rank: int, world: int, 
         dist.broadcast_object_list(reuse, src=0)
     if not reuse[0]:
         model.to(device or "cpu")  # on a GPU the embedding runs there (DeepSpeed would move the model next anyway)
-        progress = (lambda it: tqdm(it, desc="neighbours", unit="batch", file=sys.stderr)) if rank == 0 else iter
+        progress = (lambda it: TimedBar(it, desc="neighbours", unit="batch", file=sys.stderr)) if rank == 0 else iter
         table = nearest_images(KeyIndex(shards), functools.partial(embed_images, model, transform), k, progress=progress,
                                rank=rank, world=world)
         if rank == 0:

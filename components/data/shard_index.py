@@ -133,9 +133,9 @@ def indexing_progress(shards: list[str]) -> Callable[[Iterable], Iterable]:
         return iter
     import sys
 
-    from tqdm import tqdm
+    from components.shared.progress import TimedBar
 
-    return lambda items: tqdm(items, desc="indexing shards", unit="shard", file=sys.stderr, mininterval=5)
+    return lambda items: TimedBar(items, desc="indexing shards", unit="shard", file=sys.stderr, mininterval=5)
 
 
 def sample_counts(shards: Iterable[str], progress: Callable[[Iterable], Iterable] = iter) -> list[int]:

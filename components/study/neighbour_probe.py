@@ -75,17 +75,17 @@ def scene_objects(index) -> dict[str, list[dict]]:
 def compute_table(model_uri: str, index, k: int, device: str = "auto") -> dict[str, list[str]]:
     """Every training image's ``k`` nearest by the model's image embedding (evaluation preprocessing)."""
     import torch
-    from tqdm import tqdm
 
     from components.data.neighbours import nearest_images
     from components.shared.devices import to_model
     from components.shared.params import EvalModelSpec
+    from components.shared.progress import TimedBar
     from components.suite.model_loading import load_model, resolve_model
 
     spec = EvalModelSpec(name="probe", uri=model_uri)
     model, preprocess, _ = load_model(*resolve_model(spec, Path("data/evaluate_cache/downloads")), spec, device)
     embed = lambda images: model.encode_image(to_model(torch.stack([preprocess(image) for image in images]), model)).float()  # noqa: E731
-    return nearest_images(index, embed, k, progress=lambda it: tqdm(it, desc="neighbours", unit="batch", file=sys.stderr))
+    return nearest_images(index, embed, k, progress=lambda it: TimedBar(it, desc="neighbours", unit="batch", file=sys.stderr))
 
 
 def run(shards: list[str], k: int, model: str | None, neighbours: Path | None, device: str = "auto") -> dict:

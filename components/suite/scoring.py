@@ -11,10 +11,10 @@ import sys
 import pyarrow as pa
 import torch
 from PIL import Image
-from tqdm import tqdm
 
 from components.shared.devices import placement, to_model
 from components.shared.params import EvaluateParams
+from components.shared.progress import TimedBar
 from components.suite import formats, items
 from components.suite.loading import SuiteError
 
@@ -60,7 +60,7 @@ def encode_images(model, preprocess, refs: list[formats.ImageRef], batch: int, w
                                          pin_memory=on_gpu)
     # kept on the model's device until the end: one copy back, not one host synchronisation per batch
     out = [model.encode_image(to_model(x, model, non_blocking=True), normalize=True)
-           for x in tqdm(loader, desc=desc, unit="batch", file=sys.stderr, leave=False, disable=not progress)]
+           for x in TimedBar(loader, desc=desc, unit="batch", file=sys.stderr, leave=False, disable=not progress)]
     return torch.cat(out).float().cpu()
 
 
@@ -68,7 +68,7 @@ def encode_images(model, preprocess, refs: list[formats.ImageRef], batch: int, w
 def encode_texts(model, tokenizer, texts: list[str], batch: int, desc: str, progress: bool = True) -> torch.Tensor:
     """L2-normalised embeddings [len(texts), D], float32 on the CPU, in order."""
     out = [model.encode_text(to_model(tokenizer(texts[k:k + batch]), model), normalize=True)
-           for k in tqdm(range(0, len(texts), batch), desc=desc, unit="batch", file=sys.stderr, leave=False, disable=not progress)]
+           for k in TimedBar(range(0, len(texts), batch), desc=desc, unit="batch", file=sys.stderr, leave=False, disable=not progress)]
     return torch.cat(out).float().cpu()
 
 

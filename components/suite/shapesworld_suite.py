@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from components.data import shapesworld
 from components.data import shapesworld_rules as rules
 from components.shared.atomic import atomic_write_bytes, atomic_write_json
 from components.shared.params import BenchmarksParams, CaptionsParams, ParamsError
 from components.shared.params_eval import HARD_POSITIVE_FILES
+from components.shared.progress import TimedBar
 
 SUGARCREPE_SUBSETS = ["add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]
 SUGARCREPE_PP_SUBSETS = ["replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"]
@@ -60,7 +60,7 @@ def build_suite(params: BenchmarksParams, captions: CaptionsParams, out: Path) -
     aro_rel, aro_att, wino, karpathy, docci = [], [], [], [], []
     zero_shot_counts: dict[str, int] = {}
 
-    for index in tqdm(range(count), desc="benchmarks (shapesworld)", unit="image", file=sys.stderr):
+    for index in TimedBar(range(count), desc="benchmarks (shapesworld)", unit="image", file=sys.stderr):
         scene = shapesworld.sample_scene(world, seed, "test", index, held_list)
         image = shapesworld.render(world, scene)
         fields = shapesworld.describe(scene)  # the captions stage's own captions of this image
