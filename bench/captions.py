@@ -18,6 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from measured import record  # noqa: E402  (bench/measured.py: the figures README shows)
+
 from components.captions import run  # noqa: E402
 from components.shared.params import CaptionsParams  # noqa: E402
 
@@ -46,6 +48,8 @@ def main() -> None:
     print(f"  workers=1       {one:8.0f} samples/s")
     print(f"  workers={cores:<2d}      {many:8.0f} samples/s")
     print(f"  ratio all/one   {many / one:8.2f}x   (time for 40,000 images with {cores} workers: {40000 / many:.0f} s)")
+    record("python bench/captions.py", "ShapesWorld shards through the stage, 1 worker vs all cores",
+           f"{one:,.0f} vs {many:,.0f} samples/s: {many / one:.2f}× (40,000 images in ~{40000 / many:.0f} s)", one=one, many=many)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from measured import record, this_machine  # noqa: E402  (bench/measured.py: the figures README shows)
 
 from components.method.losses import npc_loss, xac_loss  # noqa: E402
 
@@ -92,7 +94,9 @@ def main() -> int:
         gathered = m * gpus * j * d * 2 if gpus > 1 else 0
         print(f"{gpus:>5} {before / 1e12:>13.2f} {now / 1e12:>15.2f} {gathered / 1e9:>23.2f} GB {0:>9} GB")
 
-    siglip, c2lip = 625.0, 405.0  # samples/s at 96 on one H200 (measured; docs/performance.md)
+    # samples/s at 96 on one H200, as measured (bench/measured.json, docs/performance.md "GPU figures")
+    rates = {r["method"]: r["samples_s"] for r in json.loads((Path(__file__).parent / "measured.json").read_text())["gpu"]["rows"] if r["batch"] == 96}
+    siglip, c2lip = float(rates["SigLIP"]), float(rates["C2LIP"])
     print(f"\n# MODELLED per-GPU samples/s at 96 per GPU: one-H200 figures (SigLIP {siglip:.0f}, C2LIP {c2lip:.0f}) + L_xac's extra "
           f"FLOPs at {args.xac_tflops:g} TFLOP/s (assumed)")
     print(f"{'GPUs':>5} {'SigLIP':>7} {'C2LIP before':>13} {'C2LIP now':>10} {'C2LIP total now':>16}")
@@ -102,6 +106,12 @@ def main() -> int:
         extra_now = (xac_flops(m, m * per * gpus, j, d) - base_xac) / (args.xac_tflops * 1e12)
         before, now = m / (one_step + extra_before), m / (one_step + extra_now)
         print(f"{gpus:>5} {siglip:>7.0f} {before:>13.0f} {now:>10.0f} {now * gpus:>16,.0f}")
+    ratio = {way: measured[4][way] / measured[1][way] for way in ("global", "own rows")}
+    record("python bench/concept_scaling.py", "one rank's C2LIP concept terms (forward + backward) at 1, 2, 4, 8 ranks, fixed per-rank batch, "
+           "before and now; L_xac FLOPs per rank at 8 and 64 GPUs; a labelled model of per-GPU samples/s",
+           f"4 ranks: {ratio['global']:.1f}× one rank before, **{ratio['own rows']:.2f}×** now (target ≤ 1.3×: not reachable by an exact "
+           f"loss); 64 GPUs: {xac_flops(m * 64, m * per * 64, j, d) / 1e12:.1f} → {xac_flops(m, m * per * 64, j, d) / 1e12:.2f} TFLOP per rank",
+           hardware=f"{this_machine()}; GPU figures modelled")
     return 0
 
 

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from measured import record  # noqa: E402  (bench/measured.py: the figures README shows)
 
 from components import evaluate as ev  # noqa: E402
 from components.shared.params import EvalModelSpec, load_params  # noqa: E402
@@ -88,7 +89,14 @@ def main() -> int:
     shared, per = min(times["shared"]), min(times["per_benchmark"])
     print(f"shared encoding: {shared:.1f} s; per-benchmark encoding: {per:.1f} s; ratio {per / shared:.2f}x "
           f"(best of {args.repeats}; same metrics from both)")
-    per_item_costs(params, tasks, {"first": args.model, "second": args.second_model})
+    costs = per_item_costs(params, tasks, {"first": args.model, "second": args.second_model})
+    images, texts = sum(len(t.images) for t in tasks), sum(len(t.texts) for t in tasks)
+    record("python bench/evaluate.py", f"the evaluate stage on ShapesWorld's suite ({len(tasks)} benchmarks, base model): every distinct image "
+           f"and text encoded once and shared ({unique_images:,} images, {unique_texts:,} texts) vs each benchmark encoding its own "
+           f"({images:,} images, {texts:,} texts), both scoring every item; both give the same metrics. Then two models as the stage runs "
+           "them: per-item tables + the figures from them, and Parquet, against encoding + scoring",
+           f"{shared:.1f} s vs {per:.1f} s: **{per / shared:.2f}×** (target ≥ 3×, best of {args.repeats}); per-item tables + Parquet "
+           f"**{costs['per_item']:.1%}** of encode + score (target ≤ 15%); paired bootstrap {costs['bootstrap']:.1%}, gallery {costs['gallery']:.1%}")
     return 0
 
 
@@ -164,7 +172,7 @@ def encode_and_score(model, preprocess, tokenizer, tasks, params):
     return scored
 
 
-def per_item_costs(params, tasks, exports: dict[str, str]) -> None:
+def per_item_costs(params, tasks, exports: dict[str, str]) -> dict[str, float]:
     base = {"score": 0.0, "tables": 0.0, "parquet": 0.0}
     tables = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,6 +206,7 @@ def per_item_costs(params, tasks, exports: dict[str, str]) -> None:
           f"tables + Parquet {(base['tables'] + base['parquet']) / s:.1%} of encode + score (target ≤ 15%)")
     print(f"once per pair: paired bootstrap ({params.bootstrap.resamples} resamples, every figure) {bootstrap:.2f} s ({bootstrap / s:.1%}); "
           f"failure gallery {drawn:.2f} s ({drawn / s:.1%})")
+    return {"per_item": (base["tables"] + base["parquet"]) / s, "bootstrap": bootstrap / s, "gallery": drawn / s}
 
 
 if __name__ == "__main__":

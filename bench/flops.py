@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import open_clip  # noqa: E402
 import torch  # noqa: E402
+from measured import record  # noqa: E402  (bench/measured.py: the figures README shows)
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from components.method import models  # noqa: E402
@@ -99,6 +100,7 @@ def main() -> int:
     print(f"step FLOPs (forward + backward), batch {args.batch}, {len(phrases)} phrases (all distinct), "
           f"trimmed phrase length {trimmed.shape[1]} tokens; FlopCounterMode on the meta device")
     print(f"{'model':<17} {'method':<22} {'TFLOP/step':>10} {'vs siglip':>10}")
+    figures = []
     for arch in ARCHS:
         with torch.device("meta"):
             context = models.text_context_length(open_clip.create_model(arch, pretrained=None, device="meta"))
@@ -108,10 +110,13 @@ def main() -> int:
                 (f"c2lip, phrases at {trimmed.shape[1]}", step_flops(arch, "c2lip", args.batch, trimmed))]
         for name, tflop in rows:
             print(f"{arch:<17} {name:<22} {tflop:10.2f} {tflop / siglip:9.2f}x")
+        figures.append(f"{arch}: SigLIP {siglip:.2f} TFLOP, C2LIP {rows[1][1] / siglip:.2f}× ({rows[2][1] / siglip:.2f}× with trimmed phrases)")
     if Path(args.export).is_dir():
         mean, low, n = trimming_change(Path(args.export))
         print(f"trimming on a tower that sees its padding ({args.export}, no causal mask): cosine padded vs trimmed "
               f"over {n} ShapesWorld phrases: mean {mean:.4f}, min {low:.4f}")
+    record("python bench/flops.py", f"FLOPs of one training step (forward + backward, FlopCounterMode on the meta device) at batch {args.batch}, "
+           f"{args.phrases_per_image} real-caption phrases per image", "; ".join(figures), hardware="none (counted on the meta device)")
     return 0
 
 

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from measured import record  # (bench/measured.py: the figures README shows)
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -131,6 +133,15 @@ def main() -> int:
                   f"images/s ({resized / original:.1f}x)")
             print(json.dumps({"samples_per_second": {f"{w}{'' if m else '-originals'}": s["run_samples_per_second"]
                                                      for w, m, s, _ in rows}}))
+            rate = {(w, m): s["run_samples_per_second"] for w, m, s, _ in rows}
+            size = {m: s["tar_bytes"] / s["samples_written"] / 1e3 for w, m, s, _ in rows if w == 4}
+            record("python bench/ingestion.py", f"a URL table of {args.images} rows through the captions stage against a loopback server "
+                   f"({args.side}×{args.side * 3 // 4} JPEGs, {args.latency_ms:.0f} ms per answer), 1, 2 and 4 processes with 8 download "
+                   "threads each, images resized to 512 at ingestion; then the decode speed a training worker sees",
+                   f"{rate[1, 512]:.1f}, {rate[2, 512]:.1f}, {rate[4, 512]:.1f} samples/s (**{rate[2, 512] / one:.2f}×**, "
+                   f"**{rate[4, 512] / one:.2f}×** over one process); originals kept at 4 processes {rate[4, None]:.1f}; decode per core: "
+                   f"original {original:.0f} images/s, resized {resized:.0f} (**{resized / original:.1f}×**); a sample {size[512]:.0f} kB "
+                   f"in the shards instead of {size[None]:.0f}")
     finally:
         server.terminate()
         server.wait()

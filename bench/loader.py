@@ -40,6 +40,7 @@ import open_clip  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 import webdataset as wds  # noqa: E402
+from measured import record  # noqa: E402  (bench/measured.py: the figures README shows)
 
 from components import captions as captions_stage  # noqa: E402
 from components.data.shard_index import sample_counts  # noqa: E402
@@ -120,7 +121,7 @@ def earlier_reads(shards: list[str], rank: int, world: int, workers: int, worker
     return read
 
 
-def reads_per_trained(root: Path, world: int = 2, workers: int = 4, micro_batch: int = 8) -> None:
+def reads_per_trained(root: Path, world: int = 2, workers: int = 4, micro_batch: int = 8) -> tuple[float, float]:
     shards = synthetic_shards(root, 16, 100, 256)
     params = _data_params(shards, micro_batch, world)
     batches = 200 // workers  # per worker: 200 micro-batches per rank, 1,600 samples per rank (a whole epoch)
@@ -134,9 +135,10 @@ def reads_per_trained(root: Path, world: int = 2, workers: int = 4, micro_batch:
             earlier += earlier_reads(shards, rank, world, workers, worker, micro_batch, batches)
     print(f"samples read per sample trained, {world} ranks x {workers} workers, {trained} trained: global order "
           f"{now / trained:.3f} (target <= 1.05); the earlier per-rank stream {earlier / trained:.3f}")
+    return now / trained, earlier / trained
 
 
-def resume_first_batch(root: Path, micro_batch: int = 8) -> None:
+def resume_first_batch(root: Path, micro_batch: int = 8) -> tuple[float, float, int, float]:
     shards = synthetic_shards(root, 200, 500, 1024)
     params = _data_params(shards, micro_batch, 1)
     sample_counts(shards)  # the first launch's preflight: every shard's table cached
@@ -155,6 +157,7 @@ def resume_first_batch(root: Path, micro_batch: int = 8) -> None:
     print(f"resume at epoch 4.9 of 200 shards x 500 samples (1 KB each): first micro-batch in {first * 1000:.1f} ms "
           f"({dataset.reader.samples_read} samples read); one whole shard ({one_shard} samples) read in {shard_read * 1000:.1f} ms "
           f"(ratio {first / shard_read:.2f}, target < 1); the earlier stream replayed {replayed:,} samples in {replay:.2f} s")
+    return first, first / shard_read, replayed, replay
 
 
 def main() -> int:
@@ -167,14 +170,22 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["C2LIP_SHARD_INDEX_CACHE"] = str(Path(tmp) / "shard-index")  # the shards' tables: gone with them
         print(f"one worker (1 torch thread), batches of {args.batch}, {batches} batches timed after one warm-up")
+        rates = {}
         for size, resolution in ((256, 224), (64, 64)):
             shards, phrases = write_shards(Path(tmp) / str(size), args.images, size)
             for trim in (False, True):
-                rate = samples_per_s(shards, phrases, resolution, args.batch, batches, trim)
+                rate = rates[resolution, trim] = samples_per_s(shards, phrases, resolution, args.batch, batches, trim)
                 print(f"  {size}-px JPEGs -> {resolution}-px crops, phrases {'trimmed' if trim else 'padded to 77'}: "
                       f"{rate:7.1f} samples/s per worker (target >= 100 at 224 px)")
-        reads_per_trained(Path(tmp) / "reads")
-        resume_first_batch(Path(tmp) / "resume")
+        now, earlier = reads_per_trained(Path(tmp) / "reads")
+        first, ratio, replayed, replay = resume_first_batch(Path(tmp) / "resume")
+    record("python bench/loader.py", "one DataLoader worker (1 thread): shard read by offset + JPEG decode + open_clip's train transform + caption "
+           "tokens + C2LIP's concept batch; then samples read per sample trained at 2 ranks × 4 workers, and a resume's first micro-batch "
+           "at epoch 4.9 of 200 shards",
+           f"{rates[224, False]:.1f} samples/s at 224 px (phrases padded), {rates[224, True]:.1f} (trimmed) — **≥ 100 per core**; "
+           f"{rates[64, False]:,.0f} / {rates[64, True]:,.0f} at the default 64 px; reads per sample trained **{now:.3f}** (target ≤ 1.05; "
+           f"the earlier per-rank stream {earlier:.2f}); resume: first batch {first * 1000:.1f} ms, **{ratio:.2f}×** one shard's read "
+           f"(target < 1; the earlier stream replayed {replayed:,} samples in {replay:.0f} s)")
     return 0
 
 

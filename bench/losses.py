@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from measured import record  # noqa: E402  (bench/measured.py: the figures README shows)
 
 from components.method.losses import xac_loss  # noqa: E402
 
@@ -173,6 +174,13 @@ def main() -> None:
     print(f"  siglip step        {t['siglip']:8.3f} s")
     print(f"  c2lip step         {t['c2lip']:8.3f} s")
     print(f"  ratio c2lip/siglip {t['c2lip'] / t['siglip']:8.2f}x  (target <= 1.5x)")
+    record("python bench/losses.py", f"`L_xac` forward+backward at the paper's per-GPU scale ({M} images × {PER_IMAGE} phrases, {J} tokens, "
+           f"width {D}, fp32): vectorised in one chunk, its chunked, checkpointed path (chunks of {CHUNKED}), and a per-phrase loop; a "
+           "C2LIP training step vs a SigLIP step (tiny SigLIP-like config, batch 64)",
+           f"one chunk {fast_t:.2f} s / +{fast_mem:.0f} MiB, chunked {chunk_t:.2f} s / +{chunk_mem:.0f} MiB, loop {loop_t:.1f} s / "
+           f"+{loop_mem:.0f} MiB: **{loop_t / fast_t:.0f}×** and **{loop_t / chunk_t:.0f}×** (target ≥ 20×; chunking costs "
+           f"{chunk_t / fast_t:.2f}× the time for {chunk_mem / fast_mem:.2f}× the memory); step c2lip/siglip {t['c2lip']:.3f} / "
+           f"{t['siglip']:.3f} s = **{t['c2lip'] / t['siglip']:.2f}×** (target ≤ 1.5×)")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from measured import record  # noqa: E402  (bench/measured.py: the figures README shows)
+
 from components.concepts import extract, load_nlp  # noqa: E402
 from components.shared.params import load_params  # noqa: E402
 
@@ -76,6 +78,11 @@ def main() -> int:
         share, k, u = distinct_shares(phrases, batch, args.seed)
         rows.append({"batch": batch, "phrases": k, "distinct": u, "distinct_share": share})
         print(f"| {batch} | {k:.0f} | {u:.0f} | {share:.3f} | {1 - share:.1%} | {k / u:.2f}x |")
+    if rows:
+        record("python bench/phrase_repeats.py", f"distinct noun phrases per phrase occurrence in a batch of real captions ({len(captions):,} of "
+               f"{source}, the concepts stage's extractor)",
+               "U/K " + ", ".join(f"{r['distinct_share']:.3f} at {r['batch']}" for r in rows) + ": C2LIP's phrase encodings "
+               + ", ".join(f"{1 / r['distinct_share']:.2f}×" for r in rows) + " fewer", hardware="none (a count)")
     if args.json:
         args.json.write_text(json.dumps({"source": source, "captions": len(captions), "phrases_per_caption": per_caption,
                                          "batches": rows}, indent=2))

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from measured import record  # noqa: E402  (bench/measured.py: the figures README shows)
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("siglip", "c2lip")
@@ -103,6 +104,12 @@ def main() -> None:
         for method in METHODS:
             before, after = median["before", method], median["after", method]
             print(f"{method}: before ({args.before}) {before:.1f}, after {after:.1f} samples/s: {after / before:.2f}x")
+        b = {m: median["before", m] for m in METHODS}
+        record(f"python bench/train.py --before {args.before}", f"the train stage itself (DeepSpeed ZeRO 1, fp32, default preset: "
+               f"`{cfg['model']['name']}`, batch {cfg['global_batch']}, {threads} torch threads), {args.steps} steps per method, alternated "
+               "twice, first step left out; `--before REV` runs the stage's code at REV beside the working tree's in the same run",
+               f"siglip {b['siglip']:.1f} → {siglip:.1f}, c2lip {b['c2lip']:.1f} → {c2lip:.1f} samples/s: **{siglip / b['siglip']:.2f}×** and "
+               f"**{c2lip / b['c2lip']:.2f}×** (target ≥ 1.5×); c2lip/siglip {c2lip / siglip:.2f}")
 
 
 if __name__ == "__main__":

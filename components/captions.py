@@ -227,13 +227,13 @@ def _run(params: CaptionsParams) -> dict[str, Any]:
         with ctx.Pool(min(workers, len(todo)), initializer=_init_worker, initargs=(params.model_dump_json(),)) as pool:
             for _plan, stats in pool.imap_unordered(_build_in_worker, todo):
                 built += stats["written"]
+                bar.set_postfix(samples_written=built, refresh=False)  # shown by the update's redraw, not one shard late
                 bar.update()
-                bar.set_postfix(samples_written=built)
     else:
         for shard_plan in todo:
             built += build_shard(source, shard_plan)["written"]
+            bar.set_postfix(samples_written=built, refresh=False)
             bar.update()
-            bar.set_postfix(samples_written=built)
     bar.close()
 
     source.finish()  # what the source staged for the shards (a URL table's rows files), by the stage's record

@@ -43,7 +43,7 @@ def test_every_findings_block_is_what_the_reports_say():
 def test_readme_has_at_most_ten_findings_each_linking_its_page():
     text = (REPO / "README.md").read_text()
     start, end = findings.markers()
-    block = text[text.index(start):text.index(end)]
+    block = text[text.index(start):text.index(end, text.index(start))]
     rows = [line for line in block.splitlines() if line.startswith("| ") and not line.startswith("| setting")]
     assert 1 <= len(rows) <= 10, len(rows)
     for row in rows:
