@@ -338,10 +338,12 @@ def contact_sheet(params: CaptionsParams, path: Path, count: int = 12, columns: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default=None, help="params YAML (default: params/captions.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one value of the params file, a dotted key and a YAML value (table.path=data/sources/x.csv); repeatable")
     args = parser.parse_args(argv)
     stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     try:
-        params = load_params("captions", args.params)
+        params = load_params("captions", args.params, args.overrides)
     except ParamsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

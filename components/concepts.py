@@ -405,10 +405,12 @@ def summarise(params: ConceptsParams, shards: list[str], nlp, manifest: pa.Table
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default=None, help="params YAML (default: params/concepts.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one value of the params file, a dotted key and a YAML value (table.path=data/sources/x.csv); repeatable")
     args = parser.parse_args(argv)
     stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     try:
-        params = load_params("concepts", args.params)
+        params = load_params("concepts", args.params, args.overrides)
         stats = run(params)
     except (ParamsError, ConceptsError, CorruptFileError, ForeignFilesError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -182,10 +182,12 @@ def log_to_mlflow(params: EvaluateParams, flat: dict[str, float], out: Path, nam
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default=None, help="params YAML (default: params/evaluate.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one value of the params file, a dotted key and a YAML value (table.path=data/sources/x.csv); repeatable")
     args = parser.parse_args(argv)
     stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     try:
-        params = load_params("evaluate", args.params)
+        params = load_params("evaluate", args.params, args.overrides)
         flat = run(params)
     except (ParamsError, EvaluateError, formats.BenchmarkError, CorruptFileError, UnsafeCheckpointError, ForeignFilesError,
             DeviceError, FolderBusy) as err:

@@ -357,10 +357,12 @@ def contact_sheet(params: RecaptionParams, shards: dict[str, dict[str, str]], co
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default=None, help="params YAML (default: params/recaption.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one value of the params file, a dotted key and a YAML value (table.path=data/sources/x.csv); repeatable")
     args = parser.parse_args(argv)
     stage_process_setup()
     try:
-        params = load_params("recaption", args.params)
+        params = load_params("recaption", args.params, args.overrides)
         stats = run(params)
     except (ParamsError, RecaptionError, CorruptFileError, ForeignFilesError) as err:
         print(f"error: {err}", file=sys.stderr)

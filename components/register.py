@@ -278,6 +278,8 @@ def promote(params: RegistryParams, candidate: str = "challenger") -> Promotion:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default=None, help="params YAML (default: params/registry.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one value of the params file, a dotted key and a YAML value (table.path=data/sources/x.csv); repeatable")
     parser.add_argument("--promote", metavar="VERSION_OR_ALIAS", default=None, help="promote instead of register")
     parser.add_argument("--publish", metavar="FOLDER", type=Path, default=None,
                         help="instead of registering: write the export as a Hugging Face Hub model folder (config, safetensors, "
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stage_process_setup()  # its workers die with it; inside a flow run, it dies with the run
     try:
-        params = load_params("registry", args.params)
+        params = load_params("registry", args.params, args.overrides)
         if args.publish is not None:
             print(f"published: {publish(params, args.publish, args.repo_id, args.license, private=not args.public)}")
         elif args.promote:

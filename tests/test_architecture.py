@@ -10,7 +10,7 @@ import yaml
 from conftest import REPO
 
 from components.method.methods import METHODS
-from components.shared.params import PARAMS_DIR, STAGES, MethodParams, load_params
+from components.shared.params import MODULE_STAGES, PARAMS_DIR, STAGES, MethodParams, load_params
 from components.shared.stage_code import stage_code, stage_modules
 
 STAGE_MODULES = {p.stem for p in (REPO / "components").glob("*.py") if p.stem != "__init__"}
@@ -24,7 +24,7 @@ def _stage_of(path) -> str:
     first = path.read_text().splitlines()[0]
     m = re.search(r"(?:-m|--module) components\.(\w+)", first)
     assert m, f"{path}: first line {first!r} does not name the command that uses it"
-    return m[1]
+    return MODULE_STAGES.get(m[1], m[1])
 
 
 def test_every_preset_validates_for_the_stage_its_first_line_names():

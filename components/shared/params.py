@@ -255,6 +255,8 @@ def flatten_params(model: BaseModel, prefix: str = "") -> dict[str, str]:
 # --------------------------------------------------------------------------------------------------
 
 _COMMAND = re.compile(r"#.*?(?:-m|--module) components\.(\w+)")
+# a stage whose module has another name (components.register reads params/registry.yaml)
+MODULE_STAGES = {"register": "registry"}
 
 
 def stage_of_file(path: Path | str) -> str:
@@ -264,8 +266,8 @@ def stage_of_file(path: Path | str) -> str:
         return Path(path).stem
     for file in extends_chain(path):
         lines = file.read_text().splitlines()
-        if lines and (m := _COMMAND.match(lines[0])) and m[1] in STAGES:
-            return m[1]
+        if lines and (m := _COMMAND.match(lines[0])) and MODULE_STAGES.get(m[1], m[1]) in STAGES:
+            return MODULE_STAGES.get(m[1], m[1])
     raise ParamsError(f"{path}: cannot tell which stage it is for: its first line does not name the command that uses it "
                       "(# python -m components.<stage> --params ...); pass --stage")
 

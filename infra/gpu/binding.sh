@@ -3,7 +3,7 @@
 # regenerate ShapesWorld, then params/presets/binding/compare-binding-gpu.yaml runs (the methods from random weights and the
 # positive control from the web-like base, 6 seeds, learning curves, samples to reach swap_att 0.6).
 #
-#   infra/gpu/binding.sh [WHEELS]   # on the GPU machine; WHEELS: a folder of cp312 wheels for what its Python lacks
+#   infra/gpu/binding.sh [WHEELS]   # on the GPU machine; WHEELS (a bare machine only): wheels for its Python of what it lacks
 #   DRY_RUN=1 infra/gpu/binding.sh  # on CPU first: the same commands, 2 steps of 8 per run, one seed
 #
 # Environment: PYTHON (default .venv/bin/python, else python3), LIMIT_S (the comparison's time limit, default 480 s;

@@ -4,7 +4,7 @@
 # figures in fp32), a two-arm one-seed comparison. One PASS/FAIL line per check; the figures in $OUT/check.json.
 #
 #   DRY_RUN=1 infra/gpu/check.sh   # first, on the CPU: the same commands at toy sizes
-#   infra/gpu/check.sh [WHEELS]    # on the GPU machine; WHEELS: a folder of cp312 wheels for what its Python lacks
+#   infra/gpu/check.sh [WHEELS]    # on the GPU machine; WHEELS (a bare machine only): wheels for its Python of what it lacks
 #
 # Environment: PYTHON (default .venv/bin/python, else python3), WORK (data and runs, default models/gpu-check),
 # OUT (reports and check.json, default reports/gpu-check), LEVERS=1 (also time each speed lever alone: a few
