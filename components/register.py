@@ -58,9 +58,10 @@ def benchmark_summary(params: RegistryParams) -> dict[str, float]:
     metrics = json.loads(params.metrics_path.read_text())
     prefix = f"{params.metrics_model}/summary/"
     summary = {k[len(prefix):]: float(v) for k, v in metrics.items() if k.startswith(prefix)}
-    missing = [k for k in SUMMARY_KEYS if k not in summary]
-    if missing:
-        raise RegistryError(f"{params.metrics_path}: no {[prefix + k for k in missing]}; is metrics_model "
+    # a suite without zero-shot or retrieval files (your data with SugarCrepe only) still registers: the gates of the
+    # groups it has apply at promotion; with none of them the report is not of this model
+    if not any(k in summary for k in SUMMARY_KEYS):
+        raise RegistryError(f"{params.metrics_path}: none of {[prefix + k for k in SUMMARY_KEYS]}; is metrics_model "
                             f"{params.metrics_model!r} one of the evaluated models?")
     return summary
 
@@ -196,6 +197,8 @@ class Gate:
         return self.value >= self.required
 
     def line(self) -> str:
+        if self.value == float("-inf"):
+            return f"{self.name}: not measured on this version (the champion's gives {self.required:.4f} to reach) — FAILS"
         verdict = "passes" if self.ok else f"FAILS by {self.required - self.value:.4f}"
         return f"{self.name}: {self.value:.4f} vs required {self.required:.4f} — {verdict}"
 
@@ -209,7 +212,8 @@ class Promotion:
     message: str
 
     def markdown(self) -> str:
-        rows = "\n".join(f"| {g.name} | {g.value:.4f} | {g.required:.4f} | {'yes' if g.ok else 'no'} |" for g in self.gates)
+        rows = "\n".join(f"| {g.name} | {'not measured' if g.value == float('-inf') else f'{g.value:.4f}'} | {g.required:.4f} | "
+                         f"{'yes' if g.ok else 'no'} |" for g in self.gates)
         table = f"\n\n| gate | candidate | required | holds |\n|---|---|---|---|\n{rows}" if self.gates else ""
         return f"**{self.message}**{table}\n"
 
@@ -221,11 +225,10 @@ class PromotionRefused(RegistryError):
 
 
 def _summary_of(version) -> dict[str, float]:
-    out = {}
-    for key in SUMMARY_KEYS:
-        if f"summary.{key}" not in version.tags:
-            raise RegistryError(f"version {version.version} of {version.name} has no tag summary.{key} (not registered by c2lip?)")
-        out[key] = float(version.tags[f"summary.{key}"])
+    """The gate groups the version was measured on (its summary.* tags)."""
+    out = {key: float(version.tags[f"summary.{key}"]) for key in SUMMARY_KEYS if f"summary.{key}" in version.tags}
+    if not out:
+        raise RegistryError(f"version {version.version} of {version.name} has no tag summary.* of {list(SUMMARY_KEYS)} (not registered by c2lip?)")
     return out
 
 
@@ -259,11 +262,10 @@ def promote(params: RegistryParams, candidate: str = "challenger") -> Promotion:
         return Promotion(False, number, number, [], f"version {number} already is the {params.champion_alias}")
     mine, theirs = _summary_of(version), _summary_of(champion)
     g = params.gates
-    gates = [
-        Gate("compositional", mine["compositional"], theirs["compositional"] + g.compositional_margin),
-        Gate("zero_shot", mine["zero_shot"], theirs["zero_shot"] - g.zero_shot_tolerance),
-        Gate("retrieval", mine["retrieval"], theirs["retrieval"] - g.retrieval_tolerance),
-    ]
+    allowance = {"compositional": g.compositional_margin, "zero_shot": -g.zero_shot_tolerance, "retrieval": -g.retrieval_tolerance}
+    # a gate compares what both versions were measured on; a group the champion has and the candidate lacks fails (-inf:
+    # not shown to hold); one neither has is not a gate
+    gates = [Gate(key, mine.get(key, float("-inf")), theirs[key] + allowance[key]) for key in SUMMARY_KEYS if key in theirs]
     failed = [x for x in gates if not x.ok]
     if failed:
         promotion = Promotion(False, number, str(champion.version), gates,

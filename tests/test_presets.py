@@ -11,7 +11,7 @@ from conftest import HANG_S, REPO
 from components import compare
 from components.shared.params import PARAMS_DIR, ParamsError, flatten_params, load_params, read_yaml, show, stage_of_file
 
-STUDIES = ("binding", "calibration", "diagnosis", "methods", "recipe")
+STUDIES = ("binding", "calibration", "diagnosis", "methods", "recipe", "your-data")
 
 
 def _write(path, data) -> str:

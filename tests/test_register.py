@@ -14,7 +14,8 @@ from components.shared.params import RegistryParams
 def _params(tmp_path, summary: dict[str, float], **gates) -> RegistryParams:
     metrics = {f"finetuned/summary/{k}": v for k, v in summary.items()}
     metrics.update({f"base/summary/{k}": round(v - 0.05, 5) for k, v in summary.items()})  # the base, 0.05 under
-    metrics["finetuned/zero_shot/top1"] = summary["zero_shot"]
+    if "zero_shot" in summary:
+        metrics["finetuned/zero_shot/top1"] = summary["zero_shot"]
     path = tmp_path / "metrics.json"
     path.write_text(json.dumps(metrics))
     return RegistryParams(model_name="c2lip-test", export_dir=REPO / "models" / "base" / "export", metrics_path=path,
@@ -33,8 +34,26 @@ def test_missing_metrics_or_model_say_what_to_run(tmp_path):
         reg.register(params)
     (tmp_path / "m.json").write_text(json.dumps({"base/summary/compositional": 0.5}))
     params = RegistryParams(metrics_path=tmp_path / "m.json", metrics_model="finetuned")
-    with pytest.raises(reg.RegistryError, match="no .*finetuned/summary/compositional"):
+    with pytest.raises(reg.RegistryError, match="none of .*finetuned/summary/compositional"):
         reg.benchmark_summary(params)
+
+
+@pytest.mark.slow
+def test_a_suite_without_zero_shot_or_retrieval_registers_and_is_gated_on_what_both_versions_have(tmp_path, tracking):
+    """Your data with SugarCrepe only: the version registers with the groups it has; a gate compares what both versions
+    were measured on, and a candidate without a group the champion has is not shown to keep it."""
+    first = reg.register(_params(tmp_path, {"compositional": 0.70}))
+    assert "summary.zero_shot" not in first.tags and first.tags["summary.compositional"] == "0.70000"
+    assert reg.promote(_params(tmp_path, {"compositional": 0.70}), "challenger").promoted  # the first champion
+    measured = _params(tmp_path, {"compositional": 0.72, "zero_shot": 0.90, "retrieval": 0.50})
+    reg.register(measured)
+    done = reg.promote(measured, "challenger")
+    assert done.promoted and [g.name for g in done.gates] == ["compositional"]  # the champion had only that
+    partial = _params(tmp_path, {"compositional": 0.80})
+    reg.register(partial)
+    with pytest.raises(reg.PromotionRefused) as refused:
+        reg.promote(partial, "challenger")
+    assert "zero_shot: not measured on this version" in str(refused.value) and "compositional" not in str(refused.value)
 
 
 @pytest.mark.slow

@@ -195,7 +195,7 @@ def blocks(root: Path = ROOT) -> dict[Path, str]:
 
 def named_blocks(root: Path = ROOT) -> dict[tuple[Path, str], str]:
     """Blocks with a name (``<!-- findings:NAME ... -->``): the calibration page's tables and its builds."""
-    page = root / "docs" / "results" / "calibration.md"
+    page = root / "docs" / "results" / "calibration-notebook.md"
     return {**{(page, name): calibration_table(report, arms, root) for name, (report, arms) in CALIBRATION_TABLES.items()},
             (page, "builds"): builds_table(root)}
 
