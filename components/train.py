@@ -11,13 +11,12 @@ and ``processes: N > 1`` it re-launches itself under torchrun; under a launcher 
 :func:`~components.shared.distributed.adopt_launcher_environment`) it is one rank and dies with the launcher.
 Everything that can be checked is checked before any process starts (:func:`preflight`).
 
-Resume: DeepSpeed checkpoints (model, optimiser, scheduler) every ``checkpoint_every`` steps, with the
-step, the launch's shape and each rank's RNG state beside them; the data order is one global sequence, a pure
-function of the seed (:mod:`components.data.sample_order`), and each batch's augmentation of (seed, rank, batch
-index), so a killed run resumes at the same sample with the same crops and ends with the weights an uninterrupted
-run would have. A relaunch on another number of processes (a lost node) resumes from the same step and the same
-samples, as a run of that many processes has them from there; checkpoints are never removed for it. Every rank must see the same checkpoints (a filesystem
-shared by the nodes): ranks that disagree stop before training, naming the difference.
+Resume: DeepSpeed checkpoints (model, optimiser, scheduler) every ``checkpoint_every`` steps, with the step, the launch's
+shape and each rank's RNG state beside them; the data order is one global sequence, a pure function of the seed
+(:mod:`components.data.sample_order`), and each batch's augmentation of (seed, rank, batch index), so a killed run resumes
+at the same sample with the same crops and ends with the weights an uninterrupted run would have. A relaunch on another
+number of processes (a lost node) resumes from the same step and samples; checkpoints are never removed for it. Every
+rank must see the same checkpoints (a filesystem shared by the nodes): ranks that disagree stop before training.
 
 Layout: the launcher and DeepSpeed config (:mod:`components.shared.distributed`), the data stream
 (:mod:`components.data.stream`), the method's loss and batch builder (:mod:`components.method.methods`),
@@ -203,8 +202,7 @@ def setup(params: TrainParams, stage: str) -> Run:
     current = run_fingerprint(params, shards)
     state = start_state(params.output_dir, current)
     agree_on_start(state, params.output_dir)  # the first collective: before any rank acts on what it read
-    # denormal floats (weights and gradients that decay towards 0) slow x86 matrix products several-fold;
-    # flushing them to zero costs nothing measurable in accuracy (bench/train.py)
+    # denormal floats (weights and gradients decaying to 0) slow x86 matrix products several-fold; flushed (bench/train.py)
     torch.set_flush_denormal(True)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
@@ -213,8 +211,7 @@ def setup(params: TrainParams, stage: str) -> Run:
     ds_config = deepspeed_config(params, world, cuda)
     method = method_for(params.method.name)
     resume_tag = state.resume_tag
-    resuming = resume_tag is not None
-    if resuming:
+    if resuming := resume_tag is not None:
         check_resumable_launch(ckpt_dir / resume_tag, world)
 
     random.seed(params.seed)

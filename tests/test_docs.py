@@ -60,7 +60,7 @@ def test_the_params_reference_is_what_the_schema_says():
 def test_readme_is_a_front_door():
     text = (REPO / "README.md").read_text()
     assert len(text.splitlines()) <= 200
-    head = text.splitlines()[:6]
+    head = text.splitlines()[:8]  # the title and the two commands, each under its comment
     assert head[0] == "# c2lip" and any(line.startswith("make run") for line in head) and any(line.startswith("make test") for line in head)
     for link in re.findall(r"\]\((docs/[^)#]+)\)", text):  # every page it links exists
         assert (REPO / link).is_file(), link
@@ -76,7 +76,8 @@ def test_no_user_facing_text_cites_an_internal_issue_number():
 def test_every_comparison_presets_report_would_be_committed():
     """A preset's report is what its docs page shows (docs/tools/gen_pages.py): one that git ignores is lost with the
     machine that ran it, and the page with it. Galleries are outputs and stay out."""
-    reports = sorted({m.group(1) for preset in (REPO / "params" / "presets").rglob("*.yaml")
+    # your-data/ is the recipe for a user's own data: its reports are the user's, not shipped studies
+    reports = sorted({m.group(1) for preset in (REPO / "params" / "presets").rglob("*.yaml") if preset.parent.name != "your-data"
                       for m in [re.search(r"^report_dir:\s*(reports/[\w.-]+)\s*$", preset.read_text(), flags=re.MULTILINE)] if m})
     assert "reports/calibrate-base" in reports, reports
     paths = [f"{folder}/{name}" for folder in reports for name in ("compare.md", "compare.json", "compare.png")]
@@ -120,6 +121,10 @@ def test_the_home_and_results_pages_open_with_an_answer_that_fits_and_a_picture_
             assert first["header"][:3] == ["setting", "question", "answer: Δ [95% interval]"], (name, first["header"])
             assert first["rows"] >= 1 and first["tableWidth"] <= first["room"] + 1, (name, width, first)
             assert name == "index.html" or first["first"] == 0, f"{name}: the answer is not the page's first table"
+            if name == "index.html":  # the home page's findings start on the first screen, under the pitch and the verdict
+                top = page.evaluate("""() => [...document.querySelectorAll('article table')]
+                    .find(t => t.querySelector('th')?.textContent.trim() === 'setting').getBoundingClientRect().top""")
+                assert top < 900, f"the findings start {top:.0f} px down the home page at {width} px, below the first screen"
             if width >= 1280:  # on a laptop's screen every table of the page fits, the evidence's too
                 wide = page.evaluate("""() => [...document.querySelectorAll('article table')]
                     .filter(t => t.scrollWidth > (t.closest('.md-typeset__scrollwrap') || t.parentElement).clientWidth + 1)
@@ -127,6 +132,53 @@ def test_the_home_and_results_pages_open_with_an_answer_that_fits_and_a_picture_
                 assert not wide, f"{name}: tables that scroll sideways at {width} px, headed {wide}"
             if name != "index.html":
                 picture = page.evaluate("""() => { const img = document.querySelector('article img');
-                    return img ? {src: img.getAttribute('src'), width: img.naturalWidth} : null; }""")
+                    return img ? {src: img.getAttribute('src'), width: img.naturalWidth,
+                                  shown: img.getBoundingClientRect().width} : null; }""")
                 assert picture and picture["width"] > 0, (name, picture)
+                if width >= 1280 and "curves" in picture["src"]:  # read as drawn, without clicking: near its own size
+                    assert picture["shown"] >= 0.85 * picture["width"], (name, picture)
         browser.close()
+
+
+BLOCK = re.compile(r"<!-- findings[^>]*-->\n.*?<!-- /findings -->", re.S)
+CODE_WITH_TRAILING_COMMENT = re.compile(r"^\s*[^#\s].*?\S\s+#\s")
+
+
+def test_each_results_page_fits_in_1500_words_with_its_notebook_apart():
+    """A results page is its answer and evidence (the generated tables aside); the runs behind it are an appendix page."""
+    results = REPO / "docs" / "results"
+    for page in sorted(results.glob("*.md")):
+        if page.stem.endswith("-notebook"):
+            assert (results / f"{page.stem.removesuffix('-notebook')}.md").is_file(), page
+            continue
+        words = len(BLOCK.sub("", page.read_text()).split())
+        assert words <= 1500, f"{page.relative_to(REPO)}: {words} words outside its generated tables"
+
+
+def test_reliability_is_in_sections():
+    text = (REPO / "docs" / "reliability.md").read_text()
+    sections = [line for line in text.splitlines() if line.startswith("### ")]
+    assert len(sections) >= 5, sections
+    for part in text.split("\n### ")[1:]:  # no section is a wall: each table under a screenful of rows... of 30
+        assert sum(line.startswith("| ") for line in part.splitlines()) <= 30, part.splitlines()[0]
+
+
+def test_code_comments_stand_on_their_own_lines():
+    """A comment after a command in a code block runs off the right edge of the page; each stands on its own line."""
+    trailing = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        inside = False
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                inside = not inside
+            elif inside and CODE_WITH_TRAILING_COMMENT.match(line) and line.count("'") % 2 == 0 and line.count('"') % 2 == 0:
+                trailing.append(f"{page.relative_to(REPO)}:{number}")
+    assert not trailing, trailing
+
+
+def test_the_pitch_says_what_the_testbed_answers_and_what_it_cannot():
+    for page in (REPO / "README.md", REPO / "docs" / "index.md"):
+        head = page.read_text()[:3500]
+        assert "What you can learn here, and what you cannot." in head and "real data at GPU scale" in head, page
+    home = (REPO / "docs" / "index.md").read_text()
+    assert home.index("**The verdict so far:**") < home.index("| setting | question |") < home.index("## ")

@@ -345,6 +345,44 @@ def test_the_reports_server_lists_nothing_follows_no_link_and_answers_only_loopb
         server.shutdown()
 
 
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium on this machine (Debian: apt-get install chromium); the "
+                    "report page's browser check needs it")
+def test_a_report_opens_in_a_browser_as_a_page_with_its_chart(tmp_path):
+    """The link the flow's artifact points to, as Chromium shows it: the shipped report rendered as a page in UTF-8 (Δ and −
+    intact, no "Î”"), its tables as tables, and its chart loaded at a width a reader reads without zooming."""
+    import functools
+    import http.server
+    import threading
+
+    from playwright.sync_api import sync_playwright
+
+    from flows.reports_server import ReportsHandler
+
+    root = tmp_path / "reports"
+    root.mkdir()
+    for name in ("benchmarks.md", "benchmarks.png"):
+        shutil.copy(REPO / "reports" / "example-run" / name, root / name)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(ReportsHandler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"], timeout=HANG_S * 1000)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(HANG_S * 1000)
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/benchmarks.md")
+            page.wait_for_load_state("load")
+            seen = page.evaluate("""() => ({charset: document.characterSet, text: document.body.innerText,
+                tables: document.querySelectorAll('table').length,
+                chart: [...document.images].filter(i => i.getAttribute('src') === 'benchmarks.png')
+                    .map(i => ({natural: i.naturalWidth, shown: i.getBoundingClientRect().width}))[0]})""")
+            browser.close()
+    finally:
+        server.shutdown()
+    assert seen["charset"] == "UTF-8" and "Δ finetuned − base" in seen["text"] and "Î" not in seen["text"], seen["text"][:300]
+    assert seen["tables"] >= 2 and "| group |" not in seen["text"]  # the Markdown's tables are tables, not pipes
+    assert seen["chart"] and seen["chart"]["natural"] > 0 and 700 <= seen["chart"]["shown"] <= 1280, seen["chart"]
+
+
 @pytest.mark.parametrize("stage, values, where", [
     ("train", {"model": {"init": "/etc/ssl/certs"}}, "train.model.init"),
     ("train", {"data": {"shards": ["data/captions/train/*.tar", "../elsewhere/*.tar"]}}, r"train.data.shards"),
