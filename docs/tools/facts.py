@@ -21,9 +21,10 @@ SUITE = "SugarCrepe, SugarCrepe++, hard positives, ARO, Winoground, zero-shot, r
 PITCH = f"""c2lip makes contrastive vision–language models (CLIP, SigLIP) understand composition — "a red couch" versus "a
 couch beside something red" — without losing their zero-shot and retrieval skills. It implements C2LIP (noun-phrase
 concept losses and a parameter-free cross-attention pooling, no hard negatives), its siblings (CLIC, NegCLIP, hard
-positives and negatives, sentence sampling, recaptioning) and one benchmark suite ({SUITE}) scored as the official
-scripts score them, to judge them side by side. It is for ML engineers and researchers who fine-tune these models on
-their captions and GPUs.
+positives and negatives, sentence sampling, recaptioning) and one benchmark suite
+({SUITE})
+scored as the official scripts score them, to judge them side by side. It is for ML engineers and researchers who
+fine-tune these models on their captions and GPUs.
 
 **What you can learn here, and what you cannot.** On the embedded testbed (ShapesWorld, tiny models, 2 CPU cores)
 every method, benchmark and launch runs in minutes and answers *whether and when* a method makes a model bind
