@@ -5,8 +5,8 @@ bench/measured.json, which README and the docs show (docs/tools/findings.py --wr
     python bench/timings.py [--keep] [--load "an idle machine"]
 
 Run it on an otherwise idle machine for the figures README states (a busy one makes every step slower). The clone is
-made from this checkout's committed HEAD in a temporary folder (kept with --keep); the logs are printed at the end
-when a command fails. Takes as long as the commands: about half an hour on 2 cores."""
+made from this checkout's committed HEAD in a temporary folder beside it, as CI's clone sits beside ../shared (kept
+with --keep); the end of a failing command's log is printed. Takes as long as the commands: about half an hour on 2 cores."""
 
 from __future__ import annotations
 
@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the clone and its logs")
     parser.add_argument("--load", default="an otherwise idle machine", help="how loaded the machine was, as README states it")
     args = parser.parse_args(argv)
-    folder = Path(tempfile.mkdtemp(prefix="c2lip-timings-"))
-    clone = folder / "c2lip"
+    # the clone beside this checkout, as CI's is: the tests that read ../shared (the real benchmark files) run, not skip
+    clone = Path(tempfile.mkdtemp(prefix="c2lip-timings-", dir=ROOT.parent))
+    folder = Path(tempfile.mkdtemp(prefix="c2lip-timings-logs-"))
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
     uv_cache = Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "uv"))
     warm = uv_cache.is_dir() and any(uv_cache.iterdir())
@@ -75,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         test, test_log = timed(["make", "test"], clone, folder / "test.log")
     finally:
         if not args.keep:
+            shutil.rmtree(clone, ignore_errors=True)
             shutil.rmtree(folder, ignore_errors=True)
         else:
-            print(f"timings: the clone and its logs are in {folder}")
+            print(f"timings: the clone is {clone}, its logs are in {folder}")
     counts = PASSED.search(test_log)
     record_timings(hardware=this_machine(), load=args.load, uv_cache="warm" if warm else "cold", install_s=round(install, 1),
                    make_run_s=round(run, 1), make_run_again_s=round(again, 1), make_test_s=round(test, 1),
