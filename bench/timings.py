@@ -11,7 +11,6 @@ with --keep); the end of a failing command's log is printed. Takes as long as th
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import re
 import shutil
@@ -84,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     record_timings(hardware=this_machine(), load=args.load, uv_cache="warm" if warm else "cold", install_s=round(install, 1),
                    make_run_s=round(run, 1), make_run_again_s=round(again, 1), make_test_s=round(test, 1),
                    tests_passed=int(counts["passed"]) if counts else None,
-                   tests_skipped=int(counts["skipped"] or 0) if counts else None, stages_s=stage_seconds(run_log),
-                   date=dt.date.today().isoformat())
+                   tests_skipped=int(counts["skipped"] or 0) if counts else None, stages_s=stage_seconds(run_log))
     return 0
 
 

@@ -113,3 +113,18 @@ def test_a_bench_row_is_the_file_s_row(tmp_path):
     (tmp_path / "bench" / "measured.json").write_text(json.dumps({"benches": {"python bench/x.py": {
         "measures": "m", "figure": "**2.00×**", "hardware": "2 CPU cores (x86-64)", "measured_on": "2026-12-07"}}}))
     assert facts.bench_table("docs/", tmp_path).splitlines()[2] == "| `python bench/x.py` | m | **2.00×** | 2 CPU cores (x86-64) |"
+
+
+def test_the_timing_script_reads_each_stage_s_time_from_the_flow_s_log():
+    sys.path.insert(0, str(REPO / "bench"))
+    from timings import stage_seconds
+
+    log = "\n".join([
+        "23:59:50.000 | INFO    | Task run 'dvc repro captions' - $ dvc repro captions",
+        "23:59:51.500 | INFO    | Task run 'dvc repro captions' - Running stage 'captions':",
+        "00:00:10.000 | INFO    | Task run 'dvc repro captions' - Finished in state Completed()",
+        "00:00:11.000 | INFO    | Task run 'dvc repro base' - Finished in state Completed()",  # skipped: never ran
+        "00:00:12.000 | INFO    | Task run 'dvc repro train' - Running stage 'train':",
+        "00:04:12.000 | INFO    | Task run 'dvc repro train' - Finished in state Completed()",
+    ])
+    assert stage_seconds(log) == {"captions": 18.5, "train": 240.0}  # past midnight too

@@ -101,7 +101,7 @@ def timings_text(root: Path = ROOT) -> str:
     """How long the README's commands took on a fresh clone (bench/timings.py), in one paragraph."""
     t = measured(root)["timings"]
     c = measured(root)["compare"]
-    return (f"Measured by `python bench/timings.py` on a fresh clone ({t['hardware']}, {t['measured_on']}, {t['load']}): "
+    return (f"Measured by `python bench/timings.py` on a fresh clone, {t['hardware']}, {t['load']}, {t['measured_on']}: "
             f"the install {duration(t['install_s'])} (uv's download cache {t['uv_cache']}), `make run` "
             f"{duration(t['make_run_s'])} after it, a second `make run` with nothing changed {duration(t['make_run_again_s'])}, "
             f"`make test` {duration(t['make_test_s'])} ({t['tests_passed']} passed, {t['tests_skipped']} skipped). "
