@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -42,17 +43,22 @@ def _repeat(interval: float, stop: threading.Event, action) -> threading.Thread:
 
 
 class TimedBar(tqdm):
-    """A tqdm bar redrawn at least every :func:`every_s` seconds while it is open."""
+    """A tqdm bar redrawn at least every :func:`every_s` seconds while it is open. The timer holds the bar by a weak
+    reference: a bar left behind unclosed (an iteration broken off by an error) is collected and closed as tqdm's are,
+    instead of being redrawn for the rest of a long-lived process."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._stop_beat = threading.Event()
         if not self.disable:
-            _repeat(every_s(), self._stop_beat, self._beat)
+            bar = weakref.ref(self)
 
-    def _beat(self) -> None:
-        if not self._stop_beat.is_set():
-            self.refresh()
+            def beat() -> None:
+                alive = bar()
+                if alive is not None and not alive._stop_beat.is_set():
+                    alive.refresh()
+
+            _repeat(every_s(), self._stop_beat, beat)
 
     def close(self) -> None:
         stop = getattr(self, "_stop_beat", None)
