@@ -62,7 +62,7 @@ export C2LIP_REPORTS_URL="http://127.0.0.1:${REPORTS_PORT}"
 echo "Prefect server: http://127.0.0.1:${PORT} (UI and API); log in $PREFECT_HOME/server.log"
 echo "Reports: $C2LIP_REPORTS_URL/benchmarks.md, failure gallery $C2LIP_REPORTS_URL/gallery/index.html"
 if [ -n "$MLFLOW_UI" ]; then
-  echo "MLflow UI: http://127.0.0.1:${MLFLOW_PORT} (runs, metrics, the registry: it opens in its GenAI view; choose \"Model training\" at the top to see them); log in $PREFECT_HOME/mlflow-ui.log"
+  echo "MLflow UI: http://127.0.0.1:${MLFLOW_PORT} (runs, metrics, the registry: it opens in its GenAI view; choose \"Model training\" at the top left to see them); log in $PREFECT_HOME/mlflow-ui.log"
 fi
 echo "Serving the deployments; the line to paste into another shell follows once they exist ..."
 # in the background and waited for: bash runs its traps only between commands, so a foreground child would keep a
