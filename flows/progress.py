@@ -50,6 +50,7 @@ class ProgressLog:
     _tenth: dict[str, int] = field(default_factory=dict)
     _logged_at: dict[str, float] = field(default_factory=dict)
     _artifact: dict[str, Any] = field(default_factory=dict)
+    logged: int = 0  # bar lines logged so far (follow() counts the log's silence from the last one)
 
     def feed(self, line: str) -> bool:
         """True when ``line`` is a tqdm bar (then logged when it reaches a new tenth or has not been logged for about
@@ -67,6 +68,7 @@ class ProgressLog:
             return True
         self._tenth[desc] = max(tenth, self._tenth.get(desc, -1))
         self._logged_at[desc] = now
+        self.logged += 1
         rate_and_rest = f", {match['rest'].strip()}" if match["rest"] else ""
         eta = "" if pct == 100 else f", ETA {match['eta']}"
         self.logger.info("%s: %s/%s (%d%%), elapsed %s%s%s", desc, match["n"], match["total"], pct, match["elapsed"], eta, rate_and_rest)
@@ -94,8 +96,9 @@ class ProgressLog:
 def follow(lines: Iterable[str], logger: Any, command: str, progress: ProgressLog, other: Callable[[str], bool] = lambda line: True,
            clock: Callable[[], float] = time.monotonic) -> list[str]:
     """Log a command's output ``lines`` (bars through ``progress``; any other line when ``other(line)``) and, while the
-    command says nothing for ``C2LIP_PROGRESS_EVERY_S`` seconds, a line saying it is still running. Returns every raw
-    line, for the error message of a command that fails."""
+    log has had nothing from it for ``C2LIP_PROGRESS_EVERY_S`` seconds, a line saying it is still running (a bar of
+    another format redraws without being logged: the log's silence counts, not the command's). Returns every raw line,
+    for the error message of a command that fails."""
     kept: list[str] = []
     state = {"last": clock(), "started": clock()}
     done = threading.Event()
@@ -104,7 +107,7 @@ def follow(lines: Iterable[str], logger: Any, command: str, progress: ProgressLo
         while not done.wait(min(1.0, every_s() / 4)):
             silent = clock() - state["last"]
             if silent >= every_s():
-                logger.info("%s: still running (%d s in, %d s since its last line)", command, clock() - state["started"], silent)
+                logger.info("%s: still running (%d s in, %d s since the log's last line from it)", command, clock() - state["started"], silent)
                 state["last"] = clock()
 
     watcher = threading.Thread(target=watch, daemon=True, name="still-running")
@@ -115,11 +118,14 @@ def follow(lines: Iterable[str], logger: Any, command: str, progress: ProgressLo
             line = readable(raw)
             if line is None:
                 continue
-            state["last"] = clock()  # the command spoke: even a bar's redraw that is not logged shows it is alive
+            before = progress.logged
             if progress.feed(redact(line)):
+                if progress.logged != before:
+                    state["last"] = clock()
                 continue
             if other(line):
                 logger.info(redact(line))
+                state["last"] = clock()
     finally:
         done.set()
         watcher.join()

@@ -71,6 +71,13 @@ def test_a_silent_command_is_said_to_be_running_and_a_slow_step_to_be_working(mo
     said = [message for _, message in log.lines]
     assert said[0] == "first" and said[-1] == "last"
     assert any(m.startswith("the command: still running") for m in said[1:-1]), said
+    # a command that prints all the time but nothing the log keeps (a bar of another format): the log's silence counts
+    log = Lines()
+    chatty = [sys.executable, "-c", "import time\nfor _ in range(15): print('tick', flush=True); time.sleep(0.2)"]
+    proc = subprocess.Popen(chatty, stdout=subprocess.PIPE, text=True)
+    follow(proc.stdout, log, "the chatty command", ProgressLog(log, artifacts=False), other=lambda line: False)
+    assert proc.wait(timeout=HANG_S) == 0
+    assert any(m.startswith("the chatty command: still running") for _, m in log.lines), log.lines
     with progress.working("stage: building the model"):
         time.sleep(2.5)
     err = capsys.readouterr().err.splitlines()
