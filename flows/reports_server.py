@@ -44,10 +44,14 @@ img {{ max-width: 100%; height: auto; }} code {{ background: #f3f3f3; padding: 0
 
 
 def markdown_page(text: str, name: str) -> bytes:
-    """The report ``text`` (Markdown) as a UTF-8 HTML page; its raw HTML is escaped, so a report's text stays text."""
+    """The report ``text`` (Markdown) as a UTF-8 HTML page. Raw HTML in it is shown as text, not run: a model name or a
+    description with ``<script>`` stays inert, and ``items/<model>/`` in a code span reads as written."""
     import markdown
 
-    body = markdown.markdown(html.escape(text, quote=False), extensions=["tables", "fenced_code", "sane_lists"], output_format="html")
+    converter = markdown.Markdown(extensions=["tables", "fenced_code", "sane_lists"], output_format="html")
+    converter.preprocessors.deregister("html_block")  # python-markdown's way to treat raw HTML as text
+    converter.inlinePatterns.deregister("html")
+    body = converter.convert(text)
     return PAGE.format(title=html.escape(name), raw=html.escape(f"{name}?raw"), body=body).encode("utf-8")
 
 

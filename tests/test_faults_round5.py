@@ -311,7 +311,7 @@ def test_the_reports_server_lists_nothing_follows_no_link_and_answers_only_loopb
     root = tmp_path / "reports"
     (root / "gallery").mkdir(parents=True)
     (root / "benchmarks.md").write_text("# report\n\n| group | Δ tuned − base |\n|---|---|\n| binding | −0.010 |\n\n![chart](benchmarks.png)\n"
-                                        "<script>alert(1)</script>\n", encoding="utf-8")
+                                        "<script>alert(1)</script> per item: `items/<model>/x.parquet`\n", encoding="utf-8")
     (root / "items").mkdir()
     (tmp_path / "secret.txt").write_text("outside")
     (root / "leak.txt").symlink_to(tmp_path / "secret.txt")
@@ -334,7 +334,8 @@ def test_the_reports_server_lists_nothing_follows_no_link_and_answers_only_loopb
         status, page = get("/benchmarks.md")
         assert status == 200 and kinds["/benchmarks.md"] == "text/html; charset=utf-8"
         assert '<meta charset="utf-8">' in page and "<h1>report</h1>" in page and "<th>Δ tuned − base</th>" in page
-        assert '<img alt="chart" src="benchmarks.png"' in page and "<script>" not in page
+        assert '<img alt="chart" src="benchmarks.png"' in page and "<script>" not in page and "&lt;script&gt;" in page
+        assert "<code>items/&lt;model&gt;/x.parquet</code>" in page  # a code span reads as written
         assert get("/benchmarks.md?raw")[1].startswith("# report") and kinds["/benchmarks.md?raw"].endswith("charset=utf-8")
         assert get("/benchmarks.md", host=f"localhost:{port}")[0] == 200
         assert get("/benchmarks.md", host=f"evil.example:{port}")[0] == 403  # DNS rebinding: another site's name
