@@ -59,3 +59,11 @@ def record_timings(**timings: Any) -> None:
     data["timings"] = {**timings, "measured_on": dt.date.today().isoformat()}
     save(data)
     print(f"recorded in {MEASURED.relative_to(ROOT)}: timings")
+
+
+def record_compare(**figures: Any) -> None:
+    """How long `make compare` took (bench/timings.py --compare)."""
+    data = load()
+    data["compare"] = {**figures, "measured_on": dt.date.today().isoformat()}
+    save(data)
+    print(f"recorded in {MEASURED.relative_to(ROOT)}: compare")
