@@ -47,6 +47,7 @@ class ProgressLog:
     logger: Any
     artifacts: bool = True  # a Prefect progress artifact per bar (only inside a flow or task run)
     clock: Callable[[], float] = time.monotonic
+    every: float = field(default_factory=every_s)  # C2LIP_PROGRESS_EVERY_S, read once
     _tenth: dict[str, int] = field(default_factory=dict)
     _logged_at: dict[str, float] = field(default_factory=dict)
     _artifact: dict[str, Any] = field(default_factory=dict)
@@ -63,7 +64,7 @@ class ProgressLog:
         tenth = pct * TENTHS // 100
         now = self.clock()
         # 0.9: the stage's timer redraws every C2LIP_PROGRESS_EVERY_S; a redraw a little early still counts
-        quiet = now - self._logged_at.get(desc, now) >= 0.9 * every_s()
+        quiet = now - self._logged_at.get(desc, now) >= 0.9 * self.every
         if self._tenth.get(desc, -1) >= tenth and not quiet:
             return True
         self._tenth[desc] = max(tenth, self._tenth.get(desc, -1))
@@ -103,10 +104,12 @@ def follow(lines: Iterable[str], logger: Any, command: str, progress: ProgressLo
     state = {"last": clock(), "started": clock()}
     done = threading.Event()
 
+    every = progress.every
+
     def watch() -> None:
-        while not done.wait(min(1.0, every_s() / 4)):
+        while not done.wait(min(1.0, every / 4)):
             silent = clock() - state["last"]
-            if silent >= every_s():
+            if silent >= every:
                 logger.info("%s: still running (%d s in, %d s since the log's last line from it)", command, clock() - state["started"], silent)
                 state["last"] = clock()
 

@@ -67,7 +67,8 @@ class TimedBar(tqdm):
         super().close()
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """A time as a person says it: "8 min 50 s", "40 s"."""
     seconds = int(round(seconds))
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
@@ -83,9 +84,9 @@ def working(what: str, enabled: bool = True, file=None) -> Iterator[None]:
     started = time.monotonic()
     print(f"{what} ...", file=out, flush=True)
     stop = threading.Event()
-    _repeat(every_s(), stop, lambda: print(f"{what}: still working, {_duration(time.monotonic() - started)}", file=out, flush=True))
+    _repeat(every_s(), stop, lambda: print(f"{what}: still working, {duration(time.monotonic() - started)}", file=out, flush=True))
     try:
         yield
     finally:
         stop.set()
-    print(f"{what}: done in {_duration(time.monotonic() - started)}", file=out, flush=True)
+    print(f"{what}: done in {duration(time.monotonic() - started)}", file=out, flush=True)

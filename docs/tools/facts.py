@@ -9,11 +9,15 @@ of these figures outside its block, or when two pages give one command different
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASURED = ROOT / "bench" / "measured.json"
+sys.path.insert(0, str(ROOT))
+
+from components.shared.progress import duration  # noqa: E402  (the stages' own wording of a time)
 
 # The benchmarks of the suite, as the pitch names them (README and the docs' home page share the sentence)
 SUITE = "SugarCrepe, SugarCrepe++, hard positives, ARO, Winoground, zero-shot, retrieval and long-caption retrieval"
@@ -56,12 +60,6 @@ MORE = {"python bench/train.py --before ce5a4e3": "performance.md#training-on-cp
 
 def measured(root: Path = ROOT) -> dict[str, Any]:
     return json.loads((root / "bench" / "measured.json").read_text())
-
-
-def duration(seconds: float) -> str:
-    """A time as a person says it: "8 min 50 s", "40 s"."""
-    seconds = int(round(seconds))
-    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
 def bench_table(link_prefix: str | None, root: Path = ROOT) -> str:
